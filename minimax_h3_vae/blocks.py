@@ -1,0 +1,132 @@
+"""The ViT decoder's block and the three pointwise ops it is built on.
+
+The ops below are the eager path and the reference of record: the Triton kernels in `fused/` compute the
+same functions, with the same signatures and the same intermediate roundings. A block receives its ops
+as an argument and never asks which path it is on.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rope import RotaryTable
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """RMSNorm over the last dim with an affine weight, computed in float32, returned in `out_dtype`.
+
+    x: (..., C) any float dtype. weight: (C,) float32.
+    """
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(out_dtype)
+
+
+def scale_add_rms_norm(
+    residual: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`residual += y * scale` in float32 (in place), then `rms_norm(residual)` if a norm weight is given.
+
+    residual: (..., C) float32, updated in place and returned. y: (..., C) any float dtype. scale, weight: (C,)
+    float32. Returns (residual, normed or None).
+    """
+    residual.add_(y * scale)
+    return residual, None if weight is None else rms_norm(residual, weight, eps, out_dtype)
+
+
+def qk_rms_norm_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split the fused projection, RMS-normalise q and k per head, rotate their first dims (NeoX).
+
+    qkv: (B, S, 3 * H * D), per-head interleaved: head h owns columns [3hD, 3hD + D) for q, the next D for k,
+    the next D for v. cos, sin: (S, R) float32, R <= D even, shared by the whole batch.
+    Returns q, k, v as (B, H, S, D) in qkv's dtype. The norm runs in float32 and is rounded back to the
+    compute dtype; the rotation runs in the compute dtype, as the release does.
+    """
+    batch, seq, _ = qkv.shape
+    q, k, v = qkv.view(batch, seq, num_heads, 3, -1).transpose(1, 2).unbind(3)
+    rotary = cos.shape[-1]
+    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+
+    def norm_rope(x):
+        x = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(qkv.dtype)
+        x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+        first, second = x_rot.chunk(2, dim=-1)
+        rotated = torch.cat([-second, first], dim=-1)
+        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+    return norm_rope(q), norm_rope(k), v
+
+
+EAGER_OPS = SimpleNamespace(
+    rms_norm=rms_norm, scale_add_rms_norm=scale_add_rms_norm, qk_rms_norm_rope=qk_rms_norm_rope,
+)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.to_qkv = nn.Linear(dim, 3 * dim)
+        self.to_out = nn.Linear(dim, dim)
+
+
+class GatedFeedForward(nn.Module):
+    """`w2(silu(gate) * value)` with `gate, value = w1(x)` split in that order (release layout)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, 2 * hidden)
+        self.w2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.w1(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * value)
+
+
+class RMSNormWeight(nn.Module):
+    """Holds an RMSNorm's affine weight; the norm itself is one of the ops."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block with layer scales. The residual stream is float32; the linears run in their own dtype.
+
+    The block takes its input already normalised (`normed = norm1(residual)`) and returns the next block's
+    normalised input along with the new residual, so each residual add and the norm after it are one op.
+    """
+
+    def __init__(self, dim: int, num_heads: int, ffn_dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.norm1 = RMSNormWeight(dim)
+        self.attn = Attention(dim, num_heads)
+        self.scale1 = nn.Parameter(torch.zeros(dim))
+        self.norm2 = RMSNormWeight(dim)
+        self.ff = GatedFeedForward(dim, ffn_dim)
+        self.scale2 = nn.Parameter(torch.zeros(dim))
+
+    def forward(
+        self, residual: torch.Tensor, normed: torch.Tensor, rotary: RotaryTable, ops: SimpleNamespace,
+        next_norm_weight: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """residual: (B, S, C) float32, updated in place. normed: (B, S, C) in the linears' dtype."""
+        batch, seq, dim = residual.shape
+        compute_dtype = normed.dtype
+        q, k, v = ops.qk_rms_norm_rope(self.attn.to_qkv(normed), rotary.cos, rotary.sin, self.attn.num_heads,
+                                       self.eps)
+        o = F.scaled_dot_product_attention(q, k, v)
+        # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread).
+        o = torch.nan_to_num(o, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        o = self.attn.to_out(o.transpose(1, 2).reshape(batch, seq, dim))
+        residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps,
+                                                  compute_dtype)
+        return ops.scale_add_rms_norm(residual, self.ff(normed), self.scale2, next_norm_weight, self.eps,
+                                      compute_dtype)

@@ -1,0 +1,292 @@
+"""Checkpoint layouts, key tables and reading the decoder's tensors from any of them.
+
+Three layouts hold the same weights:
+- original release: `video_vae/{config.json, source/config.json, source/model.safetensors}`, fp32,
+  original key names (those of this package's modules: an identity map);
+- diffusers: `vae/{config.json, diffusion_pytorch_model-0000N-of-0000M.safetensors, *.index.json}`, fp32,
+  renamed keys, q/k/v split out of the fused projection and the FFN halves swapped (DIFFUSERS_KEY_TABLE);
+- ComfyUI single file: original key names, fp16 matrices, no config (the released architecture, with the
+  block count and width read off the tensors).
+Only decoder tensors and `post_quant_conv` are read; the encoder is skipped without being read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ConfigError, H3DecoderConfig
+
+DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
+ORIGINAL_SUBFOLDERS = ("FL2VA/video_vae", "Ref2VA/video_vae", "video_vae")
+DIFFUSERS_SUBFOLDER = "vae"
+DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+DIFFUSERS_SINGLE = "diffusion_pytorch_model.safetensors"
+
+# Keys of the release that the decoder does not use: the masked-autoencoding token of training.
+IGNORED_KEYS = {"decoder.mask_token"}
+# Prefixes of the tensors this decoder owns; any other key belongs to the encoder or is metadata.
+DECODER_PREFIXES = ("decoder.", "post_quant_conv.")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be found, read or matched to the decoder; the message says which and why."""
+
+
+def _interleave_heads(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
+    """diffusers' all-q, all-k, all-v rows -> the release's per-head [q_h, k_h, v_h] rows."""
+    q, k, v = (p.unflatten(0, (-1, head_dim)) for p in parts)
+    return torch.stack([q, k, v], dim=1).flatten(0, 2)
+
+
+def _swap_halves(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
+    """diffusers' [value; gate] FFN input rows -> the release's [gate; value]."""
+    value, gate = parts[0].chunk(2, dim=0)
+    return torch.cat([gate, value], dim=0)
+
+
+# original key pattern -> (diffusers key patterns, how the diffusers tensors combine into the original one).
+# Keys that match no row have the same name in both layouts and are copied as they are.
+_BLOCK = r"(decoder\.transformer_blocks\.\d+)"
+DIFFUSERS_KEY_TABLE: tuple[tuple[str, tuple[str, ...], Callable | None], ...] = (
+    (r"decoder\.x_embedder\.(weight|bias)", (r"decoder.proj_in.\1",), None),
+    (_BLOCK + r"\.attn\.to_qkv\.(weight|bias)",
+     (r"\1.attn.to_q.\2", r"\1.attn.to_k.\2", r"\1.attn.to_v.\2"), _interleave_heads),
+    (_BLOCK + r"\.attn\.to_out\.(weight|bias)", (r"\1.attn.to_out.0.\2",), None),
+    (_BLOCK + r"\.ff\.w1\.(weight|bias)", (r"\1.ff.net.0.proj.\2",), _swap_halves),
+    (_BLOCK + r"\.ff\.w2\.(weight|bias)", (r"\1.ff.net.2.\2",), None),
+)
+
+
+def diffusers_sources(key: str) -> tuple[tuple[str, ...], Callable | None]:
+    """The diffusers key(s) an original key is made from, and the combining function (None: copy)."""
+    for pattern, sources, combine in DIFFUSERS_KEY_TABLE:
+        match = re.fullmatch(pattern, key)
+        if match:
+            return tuple(match.expand(s) for s in sources), combine
+    return (key,), None
+
+
+@dataclass
+class Checkpoint:
+    """A located checkpoint: its layout, decoder config, and which file holds each stored key."""
+
+    layout: str  # "original", "diffusers" or "comfyui"
+    config: H3DecoderConfig
+    files: dict[str, Path]  # stored key -> safetensors file
+    shapes: dict[str, tuple[int, ...]]  # stored key -> shape, from the file headers
+    origin: str  # what the user gave, for messages
+
+    def sources(self, key: str) -> tuple[tuple[str, ...], Callable | None]:
+        return diffusers_sources(key) if self.layout == "diffusers" else ((key,), None)
+
+    def check(self, expected: dict[str, tuple[int, ...]]) -> None:
+        """Fail, naming the tensor, on a missing, unexpected or mis-shaped decoder tensor. Reads no data."""
+        used = set(IGNORED_KEYS)
+        for key, shape in expected.items():
+            stored, combine = self.sources(key)
+            parts = len(stored)
+            part_shape = (shape[0] // parts, *shape[1:]) if combine is _interleave_heads else shape
+            for name in stored:
+                if name not in self.shapes:
+                    raise CheckpointError(f"{self.origin}: missing tensor {name!r} ({self.layout} layout)")
+                if self.shapes[name] != part_shape:
+                    raise CheckpointError(f"{self.origin}: tensor {name!r} has shape {list(self.shapes[name])}, "
+                                          f"this config expects {list(part_shape)}")
+                used.add(name)
+        unexpected = sorted(k for k in self.shapes if k.startswith(DECODER_PREFIXES) and k not in used)
+        if unexpected:
+            raise CheckpointError(f"{self.origin}: unexpected decoder tensor(s) {unexpected[:5]}"
+                                  f"{' ...' if len(unexpected) > 5 else ''} (not in a {self.config.num_layers}-block"
+                                  f" decoder; is this a different model?)")
+
+    def tensors(self, expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """(original key, tensor) for every expected key, in stored dtype, read one at a time from disk."""
+        self.check(expected)
+        handles = {}
+        try:
+            for key in expected:
+                stored, combine = self.sources(key)
+                parts = [self._read(handles, name) for name in stored]
+                yield key, parts[0] if combine is None else combine(parts, self.config.head_dim)
+        finally:
+            handles.clear()
+
+    def _read(self, handles: dict, name: str) -> torch.Tensor:
+        path = self.files[name]
+        try:
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            return handles[path].get_tensor(name)
+        except Exception as error:  # safetensors raises its own error types for truncated or corrupt files
+            raise CheckpointError(f"{path}: cannot read tensor {name!r} ({error}); the file may be truncated "
+                                  "or corrupt: download it again") from error
+
+
+def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | None = None) -> Checkpoint:
+    """Locate a checkpoint (local path or hub repo id) and read its config and tensor headers."""
+    path = Path(os.fspath(source)).expanduser()
+    if path.exists():
+        return _open_local(path, str(source))
+    if _looks_like_repo_id(str(source)):
+        return _open_local(_download(str(source), revision), str(source))
+    raise CheckpointError(f"{source}: no such file or folder, and not a hub repo id (like {DEFAULT_REPO})")
+
+
+def _looks_like_repo_id(text: str) -> bool:
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.startswith((".", "/"))
+
+
+def _open_local(path: Path, origin: str) -> Checkpoint:
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{origin}: a single-file checkpoint must be a .safetensors file")
+        return _open_comfyui(path, origin)
+    for sub in ORIGINAL_SUBFOLDERS:
+        if (path / sub / "config.json").is_file():
+            return _open_original(path / sub, origin)
+    if (path / DIFFUSERS_SUBFOLDER / "config.json").is_file():
+        return _open_diffusers(path / DIFFUSERS_SUBFOLDER, origin)
+    config = path / "config.json"
+    if config.is_file():
+        if (path / DIFFUSERS_INDEX).is_file() or (path / DIFFUSERS_SINGLE).is_file():
+            return _open_diffusers(path, origin)
+        return _open_original(path, origin)
+    raise CheckpointError(f"{origin}: not a checkpoint folder: expected a video_vae/ folder (config.json + "
+                          f"source/), a diffusers vae/ folder, or a repo root holding one of them")
+
+
+def _read_json(path: Path, origin: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{origin}: missing file {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{origin}: {path} is not valid JSON ({error})") from None
+
+
+def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
+    """Which file holds each key, and its shape, from the safetensors headers alone."""
+    where, shapes = {}, {}
+    for path in files:
+        if not path.is_file():
+            raise CheckpointError(f"{origin}: missing weights file {path}")
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    where[key] = path
+                    shapes[key] = tuple(handle.get_slice(key).get_shape())
+        except CheckpointError:
+            raise
+        except Exception as error:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({error}); it may be truncated or "
+                                  "corrupt: download it again") from None
+        size, needed = path.stat().st_size, _data_end(path)
+        if size < needed:
+            raise CheckpointError(f"{path}: file is truncated ({size} bytes, its header describes {needed}): "
+                                  "download it again")
+    return where, shapes
+
+
+def _data_end(path: Path) -> int:
+    """Bytes a safetensors file must have: 8 + header + the largest tensor end offset."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + header_len + max(ends, default=0)
+
+
+def _open_original(folder: Path, origin: str) -> Checkpoint:
+    wrapper = _read_json(folder / "config.json", origin)
+    source_dir = folder / wrapper.get("source_path", "source")
+    model = _read_json(source_dir / "config.json", origin)
+    weights = source_dir / wrapper.get("source_safetensors_path", "model.safetensors")
+    try:
+        config = H3DecoderConfig.from_original(wrapper, model)
+    except ConfigError as error:
+        raise CheckpointError(f"{origin}: {error}") from None
+    where, shapes = _headers([weights], origin)
+    return Checkpoint("original", config, where, shapes, origin)
+
+
+def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
+    try:
+        config = H3DecoderConfig.from_diffusers(_read_json(folder / "config.json", origin))
+    except ConfigError as error:
+        raise CheckpointError(f"{origin}: {error}") from None
+    index = folder / DIFFUSERS_INDEX
+    if index.is_file():
+        weight_map = _read_json(index, origin).get("weight_map", {})
+        files = sorted({folder / name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)})
+    else:
+        files = [folder / DIFFUSERS_SINGLE]
+    where, shapes = _headers(files, origin)
+    return Checkpoint("diffusers", config, where, shapes, origin)
+
+
+def _open_comfyui(path: Path, origin: str) -> Checkpoint:
+    where, shapes = _headers([path], origin)
+    if "decoder.x_embedder.weight" not in shapes:
+        raise CheckpointError(f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE file in the "
+                              "original/ComfyUI layout")
+    dim, latent_channels = shapes["decoder.x_embedder.weight"]
+    blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))}
+    default = H3DecoderConfig()
+    fields = dict(latent_channels=latent_channels, num_layers=max(blocks, default=-1) + 1,
+                  num_heads=dim // default.head_dim)
+    stats = {}
+    for name in ("latents_mean", "latents_std"):
+        if shapes.get(name) == (latent_channels,):
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                stats[name] = tuple(handle.get_tensor(name).float().tolist())
+    try:
+        config = H3DecoderConfig(**fields, **stats)
+    except ConfigError as error:
+        raise CheckpointError(f"{origin}: {error}") from None
+    return Checkpoint("comfyui", config, where, shapes, origin)
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    def fetch(filename: str) -> Path:
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
+
+    try:
+        try:
+            sub = ORIGINAL_SUBFOLDERS[0]
+            wrapper = json.loads(fetch(f"{sub}/config.json").read_text())
+            source = wrapper.get("source_path", "source")
+            fetch(f"{sub}/{source}/config.json")
+            weights = fetch(f"{sub}/{source}/{wrapper.get('source_safetensors_path', 'model.safetensors')}")
+            return weights.parents[len(Path(source).parts)]
+        except EntryNotFoundError:
+            config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
+            try:
+                index = json.loads(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}").read_text())
+                for name in sorted({n for k, n in index["weight_map"].items() if k.startswith(DECODER_PREFIXES)}):
+                    fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
+            except EntryNotFoundError:
+                fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
+            return config.parent
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise CheckpointError(f"{repo_id}: not in the local Hugging Face cache and the hub cannot be reached "
+                              "(HF_HUB_OFFLINE set, or no network): download it once online, or pass a local "
+                              "path") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
+        raise CheckpointError(f"{repo_id}: not found on the Hugging Face hub ({type(error).__name__}): check the "
+                              "repo id and revision, or log in for a gated repo") from None
+    except EntryNotFoundError:
+        raise CheckpointError(f"{repo_id}: holds neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ "
+                              "with a video VAE") from None

@@ -1,0 +1,44 @@
+"""3-axis rotary table of the ViT decoder, built once per tile shape and shared by every tile of a batch."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+
+class RotaryTable(NamedTuple):
+    """cos and sin, each (S, rope_dim) float32, for the S = t*h*w + suffix tokens of one tile shape.
+
+    There is no batch dimension: every tile of a call has the same shape and tile-local positions, so
+    one table serves them all (broadcast, batch stride 0).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def token_positions(frames: int, height: int, width: int, num_suffix_tokens: int, device=None) -> torch.Tensor:
+    """(S, 3) float32 positions (t, y, x) in [-1, 1), tile-local, raster order with x fastest.
+
+    Axis index i of an axis of n steps sits at 2 * (i + 0.5) / n - 1. The suffix tokens (registers and
+    the zero token) sit at the origin.
+    """
+    axes = [2.0 * (torch.arange(0.5, n, dtype=torch.float32, device=device) / n) - 1.0
+            for n in (frames, height, width)]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
+    return torch.cat([grid, grid.new_zeros(num_suffix_tokens, 3)])
+
+
+def rotary_table(positions: torch.Tensor, rope_dim: int, theta: float) -> RotaryTable:
+    """Angles laid out [t k0..k7, h k0..k7, w k0..k7] then repeated once (NeoX pairing d <-> d + rope_dim/2).
+
+    `inv_freq[k] = 1 / theta ** (k / n)` with n = rope_dim / 6 frequencies per axis, angle = 2 pi pos inv_freq.
+    """
+    freqs_per_axis = rope_dim // 6
+    inv_freq = 1.0 / theta ** (torch.arange(freqs_per_axis, dtype=torch.float32, device=positions.device)
+                               / freqs_per_axis)
+    angles = 2.0 * math.pi * positions[:, :, None] * inv_freq
+    angles = angles.flatten(1).repeat(1, 2)
+    return RotaryTable(angles.cos(), angles.sin())

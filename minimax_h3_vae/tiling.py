@@ -1,0 +1,181 @@
+"""Spatial tiling and temporal chunking, as released: pure functions over plans and tensors.
+
+Spatial: tiles of 256 px with at least 64 px overlap, tile-local positions, composed in row-major order by
+blending each tile with the RAW tiles above and to its left, then cropping its trailing overlaps.
+Temporal: chunks of 7 latent frames advancing by 5; each yields 17 new pixel frames and 5 that are
+cross-faded into the next chunk's first 5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import H3DecoderConfig
+
+
+@dataclass(frozen=True)
+class AxisPlan:
+    """Tiles along one axis, in pixels: tile i covers [starts[i], starts[i] + size)."""
+
+    starts: tuple[int, ...]
+    size: int
+    overlaps: tuple[int, ...]  # overlaps[i] is shared by tiles i and i + 1
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+
+def plan_axis(length: int, tile: int, min_overlap: int, step: int) -> AxisPlan:
+    """Fewest tiles of `tile` px that cover `length` with overlaps >= `min_overlap`.
+
+    The slack is handed out `step` px at a time, round-robin from the first overlap, so every boundary
+    stays on the latent grid. A length that fits one tile gets one tile of its own length.
+    """
+    if length <= tile:
+        return AxisPlan((0,), length, ())
+    count = -(-length // tile)
+    while tile * count - min_overlap * (count - 1) < length:
+        count += 1
+    overlaps = [min_overlap] * (count - 1)
+    slack = tile * count - min_overlap * (count - 1) - length
+    for i in range(slack // step):
+        overlaps[i % (count - 1)] += step
+    starts = [0]
+    for overlap in overlaps:
+        starts.append(starts[-1] + tile - overlap)
+    return AxisPlan(tuple(starts), tile, tuple(overlaps))
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """The spatial tiles of a frame, row-major; all tiles share one shape."""
+
+    rows: AxisPlan
+    cols: AxisPlan
+    patch_size: int
+
+    @property
+    def count(self) -> int:
+        return self.rows.count * self.cols.count
+
+    @property
+    def latent_tile_shape(self) -> tuple[int, int]:
+        return self.rows.size // self.patch_size, self.cols.size // self.patch_size
+
+    def latent_windows(self) -> list[tuple[slice, slice]]:
+        """(rows, cols) latent slices of every tile, row-major."""
+        p = self.patch_size
+        return [(slice(y // p, (y + self.rows.size) // p), slice(x // p, (x + self.cols.size) // p))
+                for y in self.rows.starts for x in self.cols.starts]
+
+
+def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig) -> TilePlan:
+    p = config.patch_size
+    return TilePlan(
+        plan_axis(latent_height * p, config.tile_size, config.tile_overlap_min, p),
+        plan_axis(latent_width * p, config.tile_size, config.tile_overlap_min, p),
+        p,
+    )
+
+
+def blend(old: torch.Tensor, new: torch.Tensor, extent: int, dim: int) -> torch.Tensor:
+    """Linear cross-fade over the first `extent` entries of `new` along `dim`.
+
+    Returns `old[-extent:] * (1 - k/extent) + new[:extent] * (k/extent)` for k = 0..extent-1, the blended
+    head only (same length as `extent`), in `new`'s dtype.
+    """
+    weight = torch.arange(extent, device=new.device, dtype=new.dtype) / extent
+    shape = [1] * new.ndim
+    shape[dim] = extent
+    weight = weight.view(shape)
+    return old.narrow(dim, old.shape[dim] - extent, extent) * (1 - weight) + new.narrow(dim, 0, extent) * weight
+
+
+def stitch(tiles: list[torch.Tensor], plan: TilePlan, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Compose decoded tiles (row-major, each (..., tile_h, tile_w) pixels) into one frame, as released.
+
+    Each tile is blended with the raw tile above (over their vertical overlap), then with the raw tile to
+    its left (over the horizontal one), then its trailing overlaps are cut. Where both overlaps cross,
+    the top-left tile's share is lost: that is the released behaviour, kept for parity.
+    """
+    rows, cols = plan.rows, plan.cols
+    height = rows.starts[-1] + rows.size
+    width = cols.starts[-1] + cols.size
+    if out is None:
+        out = tiles[0].new_empty(*tiles[0].shape[:-2], height, width)
+    for i, y in enumerate(rows.starts):
+        for j, x in enumerate(cols.starts):
+            tile = tiles[i * cols.count + j]
+            if i > 0 or j > 0:
+                tile = tile.clone()
+            if i > 0:
+                extent = rows.overlaps[i - 1]
+                tile[..., :extent, :] = blend(tiles[(i - 1) * cols.count + j], tile, extent, -2)
+            if j > 0:
+                extent = cols.overlaps[j - 1]
+                tile[..., :, :extent] = blend(tiles[i * cols.count + j - 1], tile, extent, -1)
+            keep_h = rows.size - (rows.overlaps[i] if i < rows.count - 1 else 0)
+            keep_w = cols.size - (cols.overlaps[j] if j < cols.count - 1 else 0)
+            out[..., y:y + keep_h, x:x + keep_w] = tile[..., :keep_h, :keep_w]
+    return out
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The decoder calls over time: call i reads latent frames [starts[i], starts[i] + window).
+
+    The latents are first extended to `padded_frames` by repeating the last one; the result is cut to
+    `out_frames` pixel frames.
+    """
+
+    starts: tuple[int, ...]
+    window: int
+    padded_frames: int
+    out_frames: int
+
+
+def plan_chunks(latent_frames: int, config: H3DecoderConfig) -> ChunkPlan:
+    """The release's temporal plan, extended to T = 1 and T = 2.
+
+    T >= 3: chunks of `chunk_latents` (5) advancing frames, each reading `chunk_overlap_latents` (2) more;
+    `17 n + 5` pixel frames for `5 n + 2` latents, the tail padded and cut. T = 1: one call over the single
+    latent, keeping its last pixel frame (the release's single-image decode). T = 2, which the release
+    cannot decode: decoded as T = 3 with the last latent repeated, keeping the 5 frames the two latents
+    cover (1 for the first latent, 4 for the second, as in every first chunk).
+    """
+    if latent_frames < 1:
+        raise ValueError(f"need at least 1 latent frame, got {latent_frames}")
+    if latent_frames == 1:
+        return ChunkPlan((0,), 1, 1, 1)
+    if latent_frames == 2:
+        plan = plan_chunks(3, config)
+        return ChunkPlan(plan.starts, plan.window, plan.padded_frames, plan.out_frames - config.patch_size_t)
+    chunk, ratio = config.chunk_latents, config.patch_size_t
+    tokens = latent_frames + config.token_drop
+    pad = (-tokens) % chunk
+    calls = (tokens + pad) // chunk - int(config.token_drop > 0)
+    window = chunk + config.chunk_overlap_latents
+    body, tail = chunk_spans(window, config)
+    frames = calls * (body[1] - body[0]) + (tail[1] - tail[0])
+    # A padded latent covers `ratio` pixel frames, except the first latent of a chunk, which covers
+    # `clip_length % ratio` (the encoder's leading pad took the rest).
+    first_latent_frames = config.clip_length % ratio
+    for k in range(pad):
+        starts_chunk = (latent_frames + k) % chunk == 0
+        frames -= first_latent_frames if first_latent_frames and starts_chunk else ratio
+    return ChunkPlan(tuple(i * chunk for i in range(calls)), window, latent_frames + pad, frames)
+
+
+def chunk_spans(window: int, config: H3DecoderConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Pixel-frame spans of one decoder call: the frames it emits and the tail it hands to the next call."""
+    chunk_frames = config.chunk_latents * config.patch_size_t
+    call_frames = window * config.patch_size_t
+    body = (config.frame_pre_padding, min(chunk_frames, call_frames))
+    if config.token_drop == 0:
+        return body, (0, 0)
+    tail_start = min(chunk_frames + config.frame_pre_padding, call_frames)
+    return body, (tail_start, min(2 * chunk_frames, call_frames))
+
