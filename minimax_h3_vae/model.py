@@ -257,10 +257,10 @@ def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tenso
 
 
 def to_unit_rgb(video: torch.Tensor) -> torch.Tensor:
-    """Decoder output (B, 3, F, H, W) ImageNet-normalised -> RGB in [0, 1], same layout, float32."""
-    shape = (1, 3) + (1,) * (video.ndim - 2)
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=video.device).view(shape)
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=video.device).view(shape)
+    """Decoder output (B, 3, F, H, W) or (3, F, H, W), ImageNet-normalised -> RGB in [0, 1], same layout,
+    float32."""
+    std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
+    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
     return (video.float() * std + mean).clamp_(0.0, 1.0)
 
 
@@ -270,4 +270,4 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
         if video.shape[0] != 1:
             raise ValueError(f"to_uint8_frames takes one video, got a batch of {video.shape[0]}")
         video = video[0]
-    return to_unit_rgb(video).mul_(255.0).round_().to(torch.uint8).permute(1, 2, 3, 0)
+    return to_unit_rgb(video).mul_(255.0).round_().to(torch.uint8).permute(1, 2, 3, 0).contiguous()

@@ -1,0 +1,224 @@
+"""Decode MiniMax-H3 video latents to an mp4 (or to uint8 frames in a .safetensors file).
+
+    python tools/decode_latents.py IN.safetensors OUT.mp4 [--model SOURCE] [--device cpu|cuda]
+        [--dtype fp32|fp16] [--fps 24] [--raw-latents] [--eager] [--tile-batch N] [--verbose]
+
+IN holds the latents under the key `latents` (or as its only tensor), shaped (24, T, h, w) or
+(1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Frames are
+written as they are decoded; the output file appears only once it is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+OUTPUT_FORMATS = (".mp4", ".safetensors")
+
+
+class InputError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", type=Path, help="latents .safetensors file")
+    parser.add_argument("output", type=Path, help="output .mp4 (H.264, yuv420p) or .safetensors (uint8 frames)")
+    parser.add_argument("--model", default="MiniMaxAI/MiniMax-H3",
+                        help="hub repo id, repo root, video_vae/ or vae/ folder, or single .safetensors file")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), help="default: fp16 (release recipe) on cuda, else fp32")
+    parser.add_argument("--fps", type=float, help="frame rate (default: the input's fps metadata, else 24)")
+    parser.add_argument("--raw-latents", action="store_true", help="latents are already denormalised")
+    parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
+    parser.add_argument("--tile-batch", type=int, help="tiles per decoder call (lower it to save GPU memory)")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks")
+    return parser.parse_args(argv)
+
+
+def read_latents(path: Path):
+    """(latents (1, C, T, h, w) float32, fps from the metadata or None) from a .safetensors file."""
+    import torch
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            keys = list(handle.keys())
+            metadata = handle.metadata() or {}
+            if "latents" in keys:
+                key = "latents"
+            elif len(keys) == 1:
+                key = keys[0]
+            else:
+                raise InputError(f"{path}: no tensor named 'latents' among {keys[:8]}; name it 'latents'")
+            latents = handle.get_tensor(key)
+    except InputError:
+        raise
+    except Exception as error:
+        raise InputError(f"{path}: not a readable .safetensors file ({error})") from None
+    if latents.ndim == 4:
+        latents = latents[None]
+    if latents.ndim != 5 or latents.shape[0] != 1:
+        raise InputError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got "
+                         f"{tuple(latents.shape)}")
+    if not latents.is_floating_point():
+        raise InputError(f"{path}: latents must be floating point, got {latents.dtype}")
+    if not torch.isfinite(latents).all():
+        raise InputError(f"{path}: latents contain NaN or Inf")
+    fps = None
+    if "fps" in metadata:
+        try:
+            fps = float(metadata["fps"])
+        except ValueError:
+            raise InputError(f"{path}: metadata fps={metadata['fps']!r} is not a number") from None
+    return latents.float(), fps
+
+
+class FrameSink:
+    """Writes uint8 (H, W, 3) frames to a temporary file beside the output, renamed into place on commit."""
+
+    def __init__(self, output: Path, width: int, height: int, fps: float):
+        self.output = output
+        self.kind = output.suffix.lower()
+        handle, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=self.kind, dir=output.parent)
+        os.close(handle)
+        self.temp = Path(name)
+        self.frames = []
+        self.writer = None
+        if self.kind == ".mp4":
+            import imageio_ffmpeg
+
+            self.writer = imageio_ffmpeg.write_frames(
+                str(self.temp), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
+                pix_fmt_out="yuv420p", macro_block_size=1, ffmpeg_log_level="error", quality=None,
+                output_params=["-crf", "17", "-movflags", "+faststart"])
+            self.writer.send(None)
+
+    def write(self, frames) -> None:
+        """frames: uint8 (f, H, W, 3) on the CPU."""
+        if self.writer is not None:
+            for frame in frames.numpy():
+                self.writer.send(frame)
+        else:
+            self.frames.append(frames)
+
+    def commit(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        else:
+            import torch
+            from safetensors.torch import save_file
+
+            save_file({"video": torch.cat(self.frames).contiguous()}, str(self.temp))
+        os.replace(self.temp, self.output)
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # ffmpeg may already be gone; the temporary file is removed either way
+                pass
+        self.temp.unlink(missing_ok=True)
+
+
+def check_output(output: Path) -> None:
+    if output.suffix.lower() not in OUTPUT_FORMATS:
+        raise InputError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+    if not output.parent.is_dir():
+        raise InputError(f"{output.parent}: output folder does not exist")
+    if output.is_dir():
+        raise InputError(f"{output}: is a folder; give a file name")
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+    from tqdm import tqdm
+
+    from minimax_h3_vae import H3VideoDecoder, denormalize_latents
+    from minimax_h3_vae.loading import CheckpointError
+    from minimax_h3_vae.model import to_uint8_frames
+
+    check_output(args.output)
+    if args.tile_batch is not None and args.tile_batch < 1:
+        raise InputError(f"--tile-batch must be at least 1, got {args.tile_batch}")
+    if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):
+        raise InputError(f"--fps must be a positive number, got {args.fps}")
+    latents, file_fps = read_latents(args.input)
+    fps = args.fps or file_fps or 24.0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available; use --device cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        decoder = H3VideoDecoder.from_pretrained(args.model, device=device, dtype=args.dtype,
+                                                 fused=False if args.eager else None)
+    except CheckpointError as error:
+        raise InputError(str(error)) from None
+    config = decoder.config
+    decoder.tile_batch = args.tile_batch
+    if latents.shape[1] != config.latent_channels:
+        raise InputError(f"{args.input}: latents have {latents.shape[1]} channels, the model takes "
+                         f"{config.latent_channels}")
+    z = latents if args.raw_latents else denormalize_latents(latents, config)
+    _, _, frames_in, h, w = z.shape
+    from minimax_h3_vae.tiling import plan_chunks
+
+    frames_out = plan_chunks(frames_in, config).out_frames
+    height, width = h * config.patch_size, w * config.patch_size
+    dtype = "fp16 (release recipe)" if decoder.decoder.compute_dtype == torch.float16 else "fp32"
+    path = "fused" if config.fused else "eager"
+    print(f"device {device}, {dtype}, {path} ops; checkpoint {args.model}", file=sys.stderr)
+    print(f"latents {tuple(latents.shape[1:])} -> {frames_out} frames of {width}x{height} at {fps:g} fps",
+          file=sys.stderr)
+
+    sink = FrameSink(args.output, width, height, fps)
+    start = time.perf_counter()
+    try:
+        with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            for chunk in decoder.decode_stream(z.to(device), progress):
+                sink.write(to_uint8_frames(chunk).cpu())
+        sink.commit()
+    except BaseException:
+        sink.discard()
+        raise
+    seconds = time.perf_counter() - start
+    print(f"wrote {args.output}: {frames_out} frames in {seconds:.1f} s ({frames_out / seconds:.2f} frames/s)",
+          file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except InputError as error:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

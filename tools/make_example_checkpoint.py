@@ -1,0 +1,99 @@
+"""Regenerate examples/: a tiny random-weight checkpoint in the original release layout, and latents.
+
+    python tools/make_example_checkpoint.py [--out examples]
+
+The checkpoint has the released architecture except for its size (2 blocks, 2 heads of 64, width 128):
+real RoPE, patch sizes, tiling and chunking, seeded random weights, so its videos are noise, not pictures.
+A few stand-in encoder tensors are included so that the file is laid out like the release, whose
+model.safetensors holds the encoder too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
+
+TINY = H3DecoderConfig(num_layers=2, num_heads=2)
+SEED = 20261129
+
+
+def random_weights(config: H3DecoderConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Original-layout tensors: decoder and post_quant_conv with non-zero layer scales, plus the encoder side."""
+    generator = torch.Generator().manual_seed(seed)
+    model = H3VideoDecoder(config)
+    tensors = {}
+    for name, param in model.state_dict().items():
+        noise = torch.randn(param.shape, generator=generator)
+        if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
+            value = 1.0 + 0.1 * noise
+        elif name.endswith(("scale1", "scale2")):
+            value = 0.5 * noise
+        else:
+            fan_in = param[0].numel() if param.ndim > 1 else 50
+            value = noise / fan_in ** 0.5
+        tensors[name] = value.contiguous()
+    c = config.latent_channels
+    tensors["decoder.mask_token"] = torch.zeros(1, 1, config.dim)
+    tensors["quant_conv.weight"] = torch.randn(2 * c, 2 * c, 1, 1, 1, generator=generator) / (2 * c) ** 0.5
+    tensors["quant_conv.bias"] = torch.zeros(2 * c)
+    tensors["encoder.conv_in.weight"] = torch.randn(8, 3, 3, 3, 3, generator=generator) / 9
+    tensors["encoder.conv_in.bias"] = torch.zeros(8)
+    tensors["encoder.conv_out.weight"] = torch.randn(2 * c, 8, 3, 3, 3, generator=generator) / 15
+    tensors["encoder.conv_out.bias"] = torch.zeros(2 * c)
+    return tensors
+
+
+def write_checkpoint(folder: Path, config: H3DecoderConfig, seed: int) -> None:
+    """`folder/video_vae/` in the original release layout."""
+    root = folder / "video_vae"
+    (root / "source").mkdir(parents=True, exist_ok=True)
+    wrapper = {
+        "source_path": "source", "source_safetensors_path": "model.safetensors",
+        "vae_clip_length": config.clip_length, "vae_token_drop": config.token_drop,
+        "vae_tile_size": config.tile_size, "vae_tile_overlap_min": config.tile_overlap_min,
+        "vae_decoder_tiling": 1, "latent_channels": config.latent_channels,
+        "latents_mean": list(config.latents_mean), "latents_std": list(config.latents_std),
+    }
+    model = {
+        "_class_name": "AutoencoderKLLegacy", "z_channels": config.latent_channels,
+        "embed_dim": config.latent_channels, "vae_ratio": config.patch_size, "vae_ratio_t": config.patch_size_t,
+        "pixel_norm_type": "imagenet", "scaling_factor": 1.0, "shift_factor": 0.0, "use_vit_decoder": True,
+        "vit_decoder_kwargs": {
+            "dim_head": config.head_dim, "heads": config.num_heads, "num_layers": config.num_layers,
+            "rope_dim_ratio": config.rope_dim_ratio, "rope_theta": config.rope_theta, "norm_type": "rms_norm",
+            "norm_affine": True, "qk_norm_type": "rms_norm", "qk_norm_affine": False, "ffn_use_gated": True,
+            "ffn_activation_fn": "silu",
+        },
+    }
+    (root / "config.json").write_text(json.dumps(wrapper, indent=2) + "\n")
+    (root / "source" / "config.json").write_text(json.dumps(model, indent=2) + "\n")
+    save_file(random_weights(config, seed), str(root / "source" / "model.safetensors"))
+
+
+def write_latents(path: Path, seed: int) -> None:
+    """Normalised latents for 12 latent frames (39 pixel frames, two temporal chunks) of 320x256 px (2 tiles)."""
+    generator = torch.Generator().manual_seed(seed)
+    latents = torch.randn(24, 12, 16, 20, generator=generator)
+    save_file({"latents": latents}, str(path), metadata={"fps": "24"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "examples")
+    args = parser.parse_args()
+    write_checkpoint(args.out / "tiny_h3_vae", TINY, SEED)
+    write_latents(args.out / "latents.safetensors", SEED + 1)
+    print(f"wrote {args.out / 'tiny_h3_vae'} and {args.out / 'latents.safetensors'}")
+
+
+if __name__ == "__main__":
+    main()
