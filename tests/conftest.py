@@ -1,0 +1,46 @@
+"""Shared fixtures: one random oracle VAE written once per session in every released layout."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# Triton reads this at import: without a GPU, its kernels run in the interpreter on the CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+
+from checkpoints import random_diffusers_vae, write_comfyui, write_diffusers, write_original  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def oracle_vae():
+    """diffusers' AutoencoderKLMiniMaxH3, small, every parameter random, fp32."""
+    return random_diffusers_vae(seed=0)
+
+
+@pytest.fixture(scope="session")
+def release_repo(tmp_path_factory, oracle_vae) -> Path:
+    """A repo root as on the hub: FL2VA/video_vae/ (original), vae/ (diffusers), and a ComfyUI file."""
+    root = tmp_path_factory.mktemp("MiniMax-H3")
+    write_original(root / "FL2VA", oracle_vae)
+    write_diffusers(root, oracle_vae)
+    (root / "comfyui").mkdir()
+    write_comfyui(root / "comfyui" / "minimax_h3_video_vae_fp16.safetensors", oracle_vae)
+    return root
+
+
+@pytest.fixture(scope="session")
+def layouts(release_repo) -> dict[str, Path]:
+    """Path of each layout inside `release_repo`."""
+    return {
+        "original": release_repo / "FL2VA" / "video_vae",
+        "diffusers": release_repo / "vae",
+        "comfyui": release_repo / "comfyui" / "minimax_h3_video_vae_fp16.safetensors",
+    }
