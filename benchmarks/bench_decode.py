@@ -1,0 +1,184 @@
+"""One GPU run: accuracy and speed of the released-size decoder, ours against diffusers, in one process.
+
+    PYTHONPATH=. python benchmarks/bench_decode.py --commit $(git rev-parse --short HEAD) [--repeats 5]
+
+Builds the released architecture (36 blocks, width 2048) with random weights (N(0, 0.02) matrices, norm
+weights 1 +- 0.1, layer scales N(0, 0.1): never zeros) in diffusers' AutoencoderKLMiniMaxH3, copies the
+same weights into our decoder, and decodes one temporal unit at 1344x768 (7 latent frames, 28 tiles):
+
+- the reference: our eager decode in fp32 with TF32 off (and diffusers fp32 beside it, as a parity check);
+- errors against it (max / mean abs, model space) of diffusers fp16 autocast, our eager fp16 recipe,
+  our fused fp16 recipe, and the fp16 noise floor (two eager fp16 decodes differing only in attention
+  backend);
+- ms per temporal unit (CUDA events, warm-up, median), peak GPU memory above the resident weights.
+Prints a table last and writes everything as JSON to $OUT/bench.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
+from minimax_h3_vae.config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD  # noqa: E402
+
+UNIT_SHAPE = (1, 24, 7, 48, 84)  # one temporal unit at 1344x768
+
+
+def random_released_vae(seed: int):
+    """diffusers' model at the released size, random weights as in ../shared/spec/targets.md."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        vae = AutoencoderKLMiniMaxH3(latents_mean=RELEASED_LATENTS_MEAN, latents_std=RELEASED_LATENTS_STD)
+    with torch.no_grad():
+        for name, param in vae.named_parameters():
+            if not name.startswith(("decoder.", "post_quant_conv.")):
+                continue
+            if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
+                param.copy_(1.0 + 0.1 * (2 * torch.rand_like(param) - 1))
+            elif name.endswith(("scale1", "scale2")):
+                param.normal_(0.0, 0.1)
+            else:
+                param.normal_(0.0, 0.02)
+    return vae.eval().requires_grad_(False)
+
+
+def ours_from(vae) -> H3VideoDecoder:
+    """Our decoder holding the oracle's weights, converted by the tests' independent key mapping."""
+    from checkpoints import original_state_dict
+
+    with torch.device("meta"):
+        model = H3VideoDecoder(H3DecoderConfig())
+    wanted = model.state_dict().keys()
+    state = {k: v.clone() for k, v in original_state_dict(vae).items() if k in wanted}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def timed(fn, repeats: int) -> tuple[float, float, torch.Tensor]:
+    """(median ms, peak bytes allocated above the start, last output) after one warm-up call."""
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), torch.cuda.max_memory_allocated() - base, out
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    diff = (out.float() - ref.float()).abs()
+    return {"max_abs": diff.max().item(), "mean_abs": diff.mean().item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-diffusers-timing", action="store_true")
+    args = parser.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    import triton
+
+    info = {"commit": args.commit, "card": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "shape": list(UNIT_SHAPE), "results": {}}
+    print(f"{info['card']}  torch {info['torch']}  triton {info['triton']}  commit {args.commit}", flush=True)
+
+    vae = random_released_vae(seed=0)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    mean = torch.tensor(RELEASED_LATENTS_MEAN, device="cuda").view(1, 24, 1, 1, 1)
+    std = torch.tensor(RELEASED_LATENTS_STD, device="cuda").view(1, 24, 1, 1, 1)
+    z = torch.randn(UNIT_SHAPE, device="cuda", generator=generator) * std + mean
+
+    fp32 = ours_from(vae)
+    fp32.config = fp32.config.replace(fused=False)
+    reference = fp32.decode(z)
+    with torch.no_grad():
+        diffusers_fp32 = vae.decode(z).sample
+    info["results"]["diffusers fp32 vs ours fp32"] = errors(diffusers_fp32, reference)
+    print("reference std", reference.std().item(), "parity", info["results"]["diffusers fp32 vs ours fp32"],
+          flush=True)
+    del diffusers_fp32
+
+    fp16 = ours_from(vae).to_release_fp16()
+    del fp32
+    torch.cuda.empty_cache()
+    rows = {}
+
+    def diffusers_autocast():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+            return vae.decode(z).sample
+
+    def ours(fused: bool):
+        def run():
+            fp16.config = fp16.config.replace(fused=fused)
+            return fp16.decode(z)
+        return run
+
+    variants = [("diffusers fp16 autocast", diffusers_autocast), ("ours eager fp16", ours(False))]
+    if _fused_available():
+        variants.append(("ours fused fp16", ours(True)))
+    outputs = {}
+    for name, fn in variants:
+        repeats = 1 if (name.startswith("diffusers") and args.skip_diffusers_timing) else args.repeats
+        ms, peak, out = timed(fn, repeats)
+        outputs[name] = out
+        rows[name] = {"ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(out, reference)}
+        print(name, rows[name], flush=True)
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    floor = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        with sdpa_kernel(backend):
+            fp16.config = fp16.config.replace(fused=False)
+            floor[backend.name] = fp16.decode(z)
+    names = list(floor)
+    info["results"]["noise floor (eager fp16, attention backends)"] = {
+        f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1:]}
+    if "ours fused fp16" in outputs:
+        info["results"]["fused vs eager fp16"] = errors(outputs["ours fused fp16"], outputs["ours eager fp16"])
+        from minimax_h3_vae import fused
+        info["results"]["fused launch counts"] = fused.launch_counts()
+    info["results"]["variants"] = rows
+
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "bench.json").write_text(json.dumps(info, indent=2))
+    print(json.dumps(info["results"], indent=1))
+    base = rows["diffusers fp16 autocast"]["ms_per_unit"]
+    print(f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9}")
+    for name, row in rows.items():
+        print(f"{name:28} {row['ms_per_unit']:9.1f} {base / row['ms_per_unit']:7.2f}x "
+              f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e}")
+
+
+def _fused_available() -> bool:
+    try:
+        from minimax_h3_vae import fused  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
