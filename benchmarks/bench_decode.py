@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-diffusers-timing", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one decode")
     args = parser.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -150,9 +151,14 @@ def main() -> None:
 
     floor = {}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        with sdpa_kernel(backend):
-            fp16.config = fp16.config.replace(fused=False)
-            floor[backend.name] = fp16.decode(z)
+        def eager_with_backend():
+            with sdpa_kernel(backend):
+                fp16.config = fp16.config.replace(fused=False)
+                return fp16.decode(z)
+        ms, peak, floor[backend.name] = timed(eager_with_backend, args.repeats)
+        rows[f"ours eager fp16 {backend.name.lower()}"] = {
+            "ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(floor[backend.name], reference)}
+        print(backend.name, rows[f"ours eager fp16 {backend.name.lower()}"], flush=True)
     names = list(floor)
     info["results"]["noise floor (eager fp16, attention backends)"] = {
         f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1:]}
@@ -162,6 +168,15 @@ def main() -> None:
         info["results"]["fused launch counts"] = fused.launch_counts()
     info["results"]["variants"] = rows
 
+    if args.profile:
+        fp16.config = fp16.config.replace(fused=_fused_available())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fp16.decode(z)
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60)
+        print(table)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "profile.txt").write_text(table)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench.json").write_text(json.dumps(info, indent=2))
     print(json.dumps(info["results"], indent=1))

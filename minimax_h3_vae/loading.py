@@ -281,9 +281,9 @@ def _download(repo_id: str, revision: str | None) -> Path:
                 fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
             return config.parent
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise CheckpointError(f"{repo_id}: not in the local Hugging Face cache and the hub cannot be reached "
-                              "(HF_HUB_OFFLINE set, or no network): download it once online, or pass a local "
-                              "path") from None
+        raise CheckpointError(f"{repo_id}: no such local path, and not in the local Hugging Face cache while "
+                              "the hub cannot be reached (HF_HUB_OFFLINE set, or no network): check the path, "
+                              "download the repo once online, or pass a local path") from None
     except (RepositoryNotFoundError, RevisionNotFoundError) as error:
         raise CheckpointError(f"{repo_id}: not found on the Hugging Face hub ({type(error).__name__}): check the "
                               "repo id and revision, or log in for a gated repo") from None

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 OUTPUT_FORMATS = (".mp4", ".safetensors")
+DEFAULT_FPS = 24.0
 
 
 class InputError(Exception):
@@ -71,6 +72,8 @@ def read_latents(path: Path):
     if latents.ndim != 5 or latents.shape[0] != 1:
         raise InputError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got "
                          f"{tuple(latents.shape)}")
+    if latents.numel() == 0:
+        raise InputError(f"{path}: latents are empty, shape {tuple(latents.shape)}")
     if not latents.is_floating_point():
         raise InputError(f"{path}: latents must be floating point, got {latents.dtype}")
     if not torch.isfinite(latents).all():
@@ -80,7 +83,10 @@ def read_latents(path: Path):
         try:
             fps = float(metadata["fps"])
         except ValueError:
-            raise InputError(f"{path}: metadata fps={metadata['fps']!r} is not a number") from None
+            fps = math.nan
+        if not (fps > 0 and math.isfinite(fps)):
+            raise InputError(f"{path}: metadata fps={metadata['fps']!r} is not a positive number; "
+                             "fix it or pass --fps")
     return latents.float(), fps
 
 
@@ -98,11 +104,15 @@ class FrameSink:
         if self.kind == ".mp4":
             import imageio_ffmpeg
 
-            self.writer = imageio_ffmpeg.write_frames(
-                str(self.temp), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
-                pix_fmt_out="yuv420p", macro_block_size=1, ffmpeg_log_level="error", quality=None,
-                output_params=["-crf", "17", "-movflags", "+faststart"])
-            self.writer.send(None)
+            try:
+                self.writer = imageio_ffmpeg.write_frames(
+                    str(self.temp), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
+                    pix_fmt_out="yuv420p", macro_block_size=1, ffmpeg_log_level="error", quality=None,
+                    output_params=["-crf", "17", "-movflags", "+faststart"])
+                self.writer.send(None)
+            except BaseException:
+                self.discard()
+                raise
 
     def write(self, frames) -> None:
         """frames: uint8 (f, H, W, 3) on the CPU."""
@@ -121,6 +131,10 @@ class FrameSink:
             from safetensors.torch import save_file
 
             save_file({"video": torch.cat(self.frames).contiguous()}, str(self.temp))
+        # mkstemp makes the file private; the output gets the permissions of any newly created file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.temp, 0o666 & ~umask)
         os.replace(self.temp, self.output)
 
     def discard(self) -> None:
@@ -155,7 +169,7 @@ def run(args: argparse.Namespace) -> None:
     if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):
         raise InputError(f"--fps must be a positive number, got {args.fps}")
     latents, file_fps = read_latents(args.input)
-    fps = args.fps or file_fps or 24.0
+    fps = args.fps or file_fps or DEFAULT_FPS
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available; use --device cpu")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -181,9 +195,10 @@ def run(args: argparse.Namespace) -> None:
     print(f"latents {tuple(latents.shape[1:])} -> {frames_out} frames of {width}x{height} at {fps:g} fps",
           file=sys.stderr)
 
-    sink = FrameSink(args.output, width, height, fps)
     start = time.perf_counter()
+    sink = None
     try:
+        sink = FrameSink(args.output, width, height, fps)
         with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
             def progress(done: int, total: int) -> None:
                 bar.total = total
@@ -193,7 +208,8 @@ def run(args: argparse.Namespace) -> None:
                 sink.write(to_uint8_frames(chunk).cpu())
         sink.commit()
     except BaseException:
-        sink.discard()
+        if sink is not None:
+            sink.discard()
         raise
     seconds = time.perf_counter() - start
     print(f"wrote {args.output}: {frames_out} frames in {seconds:.1f} s ({frames_out / seconds:.2f} frames/s)",

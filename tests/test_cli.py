@@ -1,0 +1,444 @@
+"""tools/decode_latents.py: end to end, flags, and its contract on bad input (exit 2, one 'error:' line,
+nothing written) and on failure (nothing written, no temporary file left, an existing output kept)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tools" / "decode_latents.py"
+TINY = REPO / "examples" / "tiny_h3_vae"
+EXAMPLE_LATENTS = REPO / "examples" / "latents.safetensors"
+
+
+@pytest.fixture(scope="module")
+def cli():
+    spec = importlib.util.spec_from_file_location("decode_latents_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return H3VideoDecoder.from_pretrained(TINY, device="cpu", fused=False)
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """The CLI defaults to a hub repo id: make sure nothing here can reach the network."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def run_cli(cli, capsys, *args) -> tuple[int, str]:
+    """main(argv) in process -> (exit code, stderr)."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def write_latents(path: Path, tensors, metadata=None) -> Path:
+    if isinstance(tensors, torch.Tensor):
+        tensors = {"latents": tensors}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+    return path
+
+
+def small_latents(seed=0, frames=3) -> torch.Tensor:
+    return torch.randn(24, frames, 2, 2, generator=torch.Generator().manual_seed(seed))
+
+
+def tree(folder: Path) -> set[str]:
+    """Every file and folder under `folder`, hidden ones included."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def assert_one_error_line(err: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    assert lines[-1].startswith("error:"), lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1
+    assert "Traceback" not in err
+
+
+# ---- end to end ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def example_frames(tiny_model) -> torch.Tensor:
+    """What the example latents must decode to: (39, 256, 320, 3) uint8, computed through the library."""
+    z = load_file(str(EXAMPLE_LATENTS))["latents"][None]
+    return to_uint8_frames(tiny_model.decode(denormalize_latents(z, tiny_model.config)))
+
+
+def test_example_to_mp4_subprocess(tmp_path, example_frames):
+    """The one real run of the script: exit code, stderr and the mp4 it writes."""
+    out = tmp_path / "video.mp4"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "PYTHONPATH": ""}
+    result = subprocess.run([sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY)],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "error:" not in result.stderr
+    assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
+    assert "latents (24, 12, 16, 20) -> 39 frames of 320x256 at 24 fps" in result.stderr
+    assert re.search(r"^wrote .*video\.mp4: 39 frames in \d+\.\d s \(\d+\.\d\d frames/s\)$", result.stderr, re.M)
+    assert tree(tmp_path) == {"video.mp4"}
+
+    frames = iio.imread(out)
+    assert frames.shape == (39, 256, 320, 3) and frames.dtype == np.uint8
+    meta = iio.immeta(out)
+    assert meta["fps"] == pytest.approx(24.0)
+    assert meta.get("codec") == "h264"
+    # lossy (and chroma is subsampled), so compare luma: close to the right frames, far from the same
+    # frames in reverse order
+    luma = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    got, ref = frames.astype(np.float32) @ luma, example_frames.numpy().astype(np.float32) @ luma
+    error, reversed_error = np.abs(got - ref).mean(), np.abs(got - ref[::-1]).mean()
+    assert error < 8 and error < 0.25 * reversed_error, (error, reversed_error)
+
+
+def test_example_to_safetensors(cli, capsys, tmp_path, example_frames):
+    out = tmp_path / "frames.safetensors"
+    code, err = run_cli(cli, capsys, EXAMPLE_LATENTS, out, "--model", TINY)
+    assert code == 0, err
+    video = load_file(str(out))
+    assert list(video) == ["video"]
+    assert video["video"].dtype == torch.uint8
+    assert video["video"].shape == (39, 256, 320, 3)
+    assert torch.equal(video["video"], example_frames)
+    assert tree(tmp_path) == {"frames.safetensors"}
+
+
+def decode_reference(model, z: torch.Tensor, raw: bool) -> torch.Tensor:
+    z = z if z.ndim == 5 else z[None]
+    return to_uint8_frames(model.decode(z if raw else denormalize_latents(z, model.config)))
+
+
+def test_raw_latents(cli, capsys, tmp_path, tiny_model):
+    z = small_latents(1)
+    latents = write_latents(tmp_path / "z.safetensors", z)
+    code, err = run_cli(cli, capsys, latents, tmp_path / "raw.safetensors", "--model", TINY, "--raw-latents")
+    assert code == 0, err
+    code, err = run_cli(cli, capsys, latents, tmp_path / "norm.safetensors", "--model", TINY)
+    assert code == 0, err
+    raw = load_file(str(tmp_path / "raw.safetensors"))["video"]
+    norm = load_file(str(tmp_path / "norm.safetensors"))["video"]
+    assert raw.shape == norm.shape == (9, 32, 32, 3)
+    assert not torch.equal(raw, norm)
+    assert torch.equal(raw, decode_reference(tiny_model, z, raw=True))
+    assert torch.equal(norm, decode_reference(tiny_model, z, raw=False))
+
+
+@pytest.mark.parametrize("layout", ["5d", "other_name", "among_others", "fp16", "fp64"])
+def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
+    z = small_latents(2)
+    tensors = {"5d": {"latents": z[None]}, "other_name": {"z_0": z},
+               "among_others": {"latents": z, "text_embeds": torch.zeros(3, 7)},
+               "fp16": {"latents": z.half()}, "fp64": {"latents": z.double()}}[layout]
+    latents = write_latents(tmp_path / "in.safetensors", tensors)
+    out = tmp_path / "out.safetensors"
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    assert code == 0, err
+    expected_z = z.half().float() if layout == "fp16" else z
+    assert torch.equal(load_file(str(out))["video"], decode_reference(tiny_model, expected_z, raw=False))
+
+
+@pytest.mark.parametrize("metadata, flag, fps", [({"fps": "12"}, [], 12.0), ({"fps": "12"}, ["--fps", "30"], 30.0),
+                                                  (None, [], 24.0), (None, ["--fps", "8.5"], 8.5)])
+def test_fps(cli, capsys, tmp_path, metadata, flag, fps):
+    latents = write_latents(tmp_path / "z.safetensors", small_latents(3), metadata=metadata)
+    out = tmp_path / "out.mp4"
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, *flag)
+    assert code == 0, err
+    assert f"at {fps:g} fps" in err
+    assert iio.immeta(out)["fps"] == pytest.approx(fps)
+    assert iio.imread(out).shape == (9, 32, 32, 3)
+
+
+def test_summary_and_setup_lines(cli, capsys, tmp_path):
+    latents = write_latents(tmp_path / "z.safetensors", small_latents(4, frames=7))
+    out = tmp_path / "out.safetensors"
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, "--device", "cpu", "--eager")
+    assert code == 0, err
+    assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in err
+    assert "latents (24, 7, 2, 2) -> 22 frames of 32x32 at 24 fps" in err
+    match = re.search(r"^wrote (.+): (\d+) frames in (\d+\.\d) s \((\d+\.\d\d) frames/s\)$", err, re.M)
+    assert match, err
+    assert match.group(1) == str(out) and match.group(2) == "22"
+    assert load_file(str(out))["video"].shape[0] == 22
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, "--dtype", "fp16", "--tile-batch", "1")
+    assert code == 0, err
+    assert "device cpu, fp16 (release recipe), eager ops" in err
+
+
+def test_tile_batch_does_not_change_the_frames(cli, capsys, tmp_path):
+    z = torch.randn(24, 3, 20, 2, generator=torch.Generator().manual_seed(5))  # 320 px high: 2 tiles
+    latents = write_latents(tmp_path / "z.safetensors", z)
+    results = []
+    for batch in ([], ["--tile-batch", "1"]):
+        out = tmp_path / f"out{len(results)}.safetensors"
+        code, err = run_cli(cli, capsys, latents, out, "--model", TINY, *batch)
+        assert code == 0, err
+        results.append(load_file(str(out))["video"])
+    assert results[0].shape == (9, 320, 32, 3)
+    # float32 GEMMs over 1 or 2 tiles may round differently: at most one level, on a few pixels
+    diff = (results[0].int() - results[1].int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+
+
+# ---- bad input: exit 2, one error line, nothing written -------------------------------------------------
+
+
+def _bad_latents(tensors, metadata=None):
+    def make(tmp_path):
+        return [write_latents(tmp_path / "in.safetensors", tensors, metadata), tmp_path / "out" / "video.mp4"]
+    return make
+
+
+def _nan():
+    z = small_latents()
+    z[3, 1, 0, 1] = float("nan")
+    return z
+
+
+def _inf():
+    z = small_latents()
+    z[0, 0, 1, 1] = -float("inf")
+    return z
+
+
+def _missing_input(tmp_path):
+    return [tmp_path / "missing.safetensors", tmp_path / "out" / "video.mp4"]
+
+
+def _not_safetensors(tmp_path):
+    path = tmp_path / "in.safetensors"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n not latents at all" * 10)
+    return [path, tmp_path / "out" / "video.mp4"]
+
+
+def _unknown_extension(tmp_path):
+    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "video.avi"]
+
+
+def _missing_output_folder(tmp_path):
+    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "missing" / "video.mp4"]
+
+
+def _output_is_folder(tmp_path):
+    (tmp_path / "out" / "video.mp4").mkdir()
+    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "video.mp4"]
+
+
+def _truncated_checkpoint(tmp_path):
+    model = tmp_path / "ckpt"
+    shutil.copytree(TINY, model)
+    weights = model / "video_vae" / "source" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    return [*_bad_latents(small_latents())(tmp_path), "--model", model]
+
+
+def _missing_checkpoint(tmp_path):
+    return [*_bad_latents(small_latents())(tmp_path), "--model", tmp_path / "no_such_checkpoint"]
+
+
+def _flag(*flags):
+    def make(tmp_path):
+        return [*_bad_latents(small_latents())(tmp_path), *flags]
+    return make
+
+
+def _fps_metadata(value):
+    return _bad_latents(small_latents(), {"fps": value})
+
+
+BAD_INPUTS = {
+    "16_channels": _bad_latents(torch.randn(16, 3, 2, 2)),
+    "3d_tensor": _bad_latents(torch.randn(24, 3, 2)),
+    "6d_tensor": _bad_latents(torch.randn(1, 1, 24, 3, 2, 2)),
+    "batch_of_2": _bad_latents(torch.randn(2, 24, 3, 2, 2)),
+    "nan": _bad_latents(_nan()),
+    "inf": _bad_latents(_inf()),
+    "int_latents": _bad_latents(torch.randint(0, 5, (24, 3, 2, 2))),
+    "bool_latents": _bad_latents(torch.ones(24, 3, 2, 2, dtype=torch.bool)),
+    "missing_input": _missing_input,
+    "not_safetensors": _not_safetensors,
+    "two_tensors_no_latents": _bad_latents({"a": small_latents(), "b": small_latents(1)}),
+    "fps_metadata_not_a_number": _fps_metadata("fast"),
+    "unknown_extension": _unknown_extension,
+    "missing_output_folder": _missing_output_folder,
+    "output_is_a_folder": _output_is_folder,
+    "truncated_checkpoint": _truncated_checkpoint,
+    "missing_checkpoint": _missing_checkpoint,
+    "device_cuda": _flag("--device", "cuda"),
+    "tile_batch_0": _flag("--tile-batch", "0"),
+    "tile_batch_negative": _flag("--tile-batch", "-3"),
+    "fps_0": _flag("--fps", "0"),
+    "fps_negative": _flag("--fps", "-24"),
+    "fps_nan": _flag("--fps", "nan"),
+    "fps_inf": _flag("--fps", "inf"),
+}
+
+BAD_INPUTS.update({
+    "fps_metadata_negative": _fps_metadata("-5"),
+    "fps_metadata_nan": _fps_metadata("nan"),
+    "fps_metadata_inf": _fps_metadata("inf"),
+    "fps_metadata_zero": _fps_metadata("0"),
+    "zero_frames": _bad_latents(torch.randn(24, 0, 2, 2)),
+    "zero_height": _bad_latents(torch.randn(24, 3, 0, 2)),
+})
+
+
+@pytest.mark.parametrize("make", BAD_INPUTS.values(), ids=BAD_INPUTS)
+def test_bad_input(cli, capsys, tmp_path, make):
+    (tmp_path / "out").mkdir()
+    args = make(tmp_path)
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    if "--model" not in [str(a) for a in args]:
+        args += ["--model", TINY]
+    before = tree(tmp_path)
+    code, err = run_cli(cli, capsys, *args)
+    assert code == 2, err
+    assert_one_error_line(err)
+    assert not Path(args[1]).is_file()
+    assert tree(tmp_path) == before  # no output, no temporary file anywhere
+
+
+def test_bad_input_messages(cli, capsys, tmp_path):
+    """A few messages say what is wrong, not only that something is."""
+    (tmp_path / "out").mkdir()
+    cases = {"16_channels": "16 channels", "batch_of_2": "(2, 24, 3, 2, 2)", "nan": "NaN", "int_latents": "int64",
+             "two_tensors_no_latents": "'latents'", "unknown_extension": ".avi", "device_cuda": "CUDA",
+             "tile_batch_0": "--tile-batch", "missing_checkpoint": "no_such_checkpoint",
+             "truncated_checkpoint": "truncated"}
+    for name, words in cases.items():
+        if name == "device_cuda" and torch.cuda.is_available():
+            continue
+        args = BAD_INPUTS[name](tmp_path)
+        if "--model" not in [str(a) for a in args]:
+            args += ["--model", TINY]
+        code, err = run_cli(cli, capsys, *args)
+        assert code == 2, (name, err)
+        assert words in err.splitlines()[-1], (name, err)
+
+
+def test_verbose_shows_traceback(cli, capsys, tmp_path):
+    latents = write_latents(tmp_path / "in.safetensors", _nan())
+    code, err = run_cli(cli, capsys, latents, tmp_path / "out.mp4", "--model", TINY, "--verbose")
+    assert code == 2
+    assert "Traceback (most recent call last)" in err
+    assert "InputError" in err
+    assert err.strip().splitlines()[-1].startswith("error:")
+    assert not (tmp_path / "out.mp4").exists()
+
+
+# ---- an existing output, and failures during decoding -------------------------------------------------
+
+
+def test_existing_output_kept_on_failure_and_replaced_on_success(cli, capsys, tmp_path):
+    out = tmp_path / "out" / "video.mp4"
+    out.parent.mkdir()
+    old = b"an older video that must survive a failed run" * 100
+    out.write_bytes(old)
+    bad = write_latents(tmp_path / "bad.safetensors", _nan())
+    code, err = run_cli(cli, capsys, bad, out, "--model", TINY)
+    assert code == 2, err
+    assert out.read_bytes() == old
+    assert tree(out.parent) == {"video.mp4"}
+
+    good = write_latents(tmp_path / "good.safetensors", small_latents(6))
+    code, err = run_cli(cli, capsys, good, out, "--model", TINY)
+    assert code == 0, err
+    assert out.read_bytes() != old
+    assert iio.imread(out).shape == (9, 32, 32, 3)
+    assert tree(out.parent) == {"video.mp4"}
+
+
+@pytest.fixture
+def failing_stream(monkeypatch):
+    """decode_stream yields its first real chunk, then fails; returns the list of chunks it yielded."""
+    real = H3VideoDecoder.decode_stream
+    yielded = []
+
+    def decode_stream(self, z, progress=None):
+        stream = real(self, z, progress)
+        chunk = next(stream)
+        yielded.append(chunk.shape)
+        yield chunk
+        raise RuntimeError("simulated failure in the middle of decoding")
+
+    monkeypatch.setattr(H3VideoDecoder, "decode_stream", decode_stream)
+    return yielded
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".safetensors"])
+def test_failure_during_decoding(cli, capsys, tmp_path, failing_stream, suffix):
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / f"video{suffix}"
+    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=7))  # two chunks
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    assert failing_stream == [(1, 3, 17, 32, 32)]  # the sink did get frames before the failure
+    assert code == 1
+    assert_one_error_line(err)
+    assert "RuntimeError" in err and "simulated failure" in err
+    assert not out.exists()
+    assert tree(tmp_path / "out") == set()
+
+
+def test_failure_during_decoding_keeps_existing_output(cli, capsys, tmp_path, failing_stream):
+    out = tmp_path / "video.mp4"
+    out.write_bytes(b"previous")
+    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=7))
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    assert code == 1, err
+    assert out.read_bytes() == b"previous"
+    assert tree(tmp_path) == {"video.mp4", "in.safetensors"}
+
+
+def test_interrupt_during_decoding(cli, capsys, tmp_path, monkeypatch):
+    def decode_stream(self, z, progress=None):
+        yield torch.zeros(1, 3, 5, 32, 32)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(H3VideoDecoder, "decode_stream", decode_stream)
+    latents = write_latents(tmp_path / "in.safetensors", small_latents())
+    code, err = run_cli(cli, capsys, latents, tmp_path / "video.mp4", "--model", TINY)
+    assert code == 130
+    assert "nothing was written" in err
+    assert tree(tmp_path) == {"in.safetensors"}
+
+
+def test_output_has_default_permissions(cli, capsys, tmp_path):
+    umask = os.umask(0)
+    os.umask(umask)
+    latents = write_latents(tmp_path / "in.safetensors", small_latents())
+    out = tmp_path / "video.safetensors"
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    assert code == 0, err
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
