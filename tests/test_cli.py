@@ -442,3 +442,12 @@ def test_output_has_default_permissions(cli, capsys, tmp_path):
     code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
     assert code == 0, err
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
+    latents = write_latents(tmp_path / "in.safetensors", small_latents())
+    code, err = run_cli(cli, capsys, latents, tmp_path / "a.safetensors", "--model", TINY)
+    assert code == 0 and "fused ops" in err
+    code, err = run_cli(cli, capsys, latents, tmp_path / "b.safetensors", "--model", TINY, "--eager")
+    assert code == 0 and "eager ops" in err

@@ -1,0 +1,71 @@
+"""RMSNorm over the last dim with an affine weight: one Triton launch, float32 math, any output dtype."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..blocks import rms_norm as rms_norm_reference
+from ._common import (MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number,
+                      row_vector_problem)
+from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
+
+__all__ = ["rms_norm", "rms_norm_reference", "unsupported"]
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_x, eps,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x: (n_rows, n_cols) any float dtype, row stride `stride_x`, unit column stride. w: (n_cols,) float32.
+    out: (n_rows, n_cols) contiguous. Each program normalises BLOCK_R rows."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    rows = rows.to(tl.int64)[:, None]
+
+    x = tl.load(x_ptr + rows * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
+    y = x * inv_rms(x, n_cols, eps)[:, None] * w[None, :]
+    tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(y, out_ptr.dtype.element_ty), mask=mask)
+
+
+def unsupported(x, weight, eps, out_dtype) -> str | None:
+    """Why `rms_norm(x, weight, eps, out_dtype)` is outside the kernel's contract, or None."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return "x must be a tensor with at least one dim"
+    problem = (dtype_problem("x", x.dtype) or dtype_problem("out_dtype", out_dtype)
+               or row_vector_problem("weight", weight, x.shape[-1]))
+    if problem:
+        return problem
+    if x.shape[-1] > MAX_ROW_WIDTH:
+        return f"rows longer than {MAX_ROW_WIDTH} are not supported, got {x.shape[-1]}"
+    if as_rows(x) is None:
+        return "x must have a contiguous last dim and leading dims that flatten into one row stride"
+    if not is_number(eps):
+        return f"eps must be a real number, got {type(eps).__name__}"
+    return device_problem((x, weight), built_for_interpreter(_rms_norm_kernel)) or grad_problem((x, weight))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """`blocks.rms_norm` in one launch: RMSNorm over the last dim, float32 math, returned in `out_dtype`.
+
+    x: (..., C) float32/float16/bfloat16, last dim contiguous, leading dims flattening to one row stride
+    (e.g. rows of a wider buffer), C <= 8192. weight: (C,) float32 contiguous. Returns a new contiguous
+    (..., C) tensor of `out_dtype`. Raises ValueError outside this contract.
+    """
+    problem = unsupported(x, weight, eps, out_dtype)
+    if problem:
+        raise ValueError(f"rms_norm: {problem}")
+    rows = as_rows(x)
+    n_rows, n_cols = rows.shape
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if n_rows == 0:
+        return out
+    block_r, block_c, num_warps = row_tiling(n_cols)
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=num_warps, **NO_FMA)
+    count_launch("rms_norm")
+    return out

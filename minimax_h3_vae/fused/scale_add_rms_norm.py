@@ -1,0 +1,96 @@
+"""`residual += y * scale` in place, then RMSNorm of the new residual: one Triton launch."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..blocks import scale_add_rms_norm as scale_add_rms_norm_reference
+from ._common import (MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number,
+                      row_vector_problem)
+from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
+
+__all__ = ["scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
+
+
+@triton.jit
+def _scale_add_rms_norm_kernel(res_ptr, y_ptr, scale_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_res, stride_y,
+                               eps, NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """res: (n_rows, n_cols) float32, row stride `stride_res`, updated in place. y: (n_rows, n_cols) any float
+    dtype, row stride `stride_y`. scale, w: (n_cols,) float32. out: (n_rows, n_cols) contiguous, written only
+    when NORM (w and out are unused otherwise). Unit column strides throughout."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    rows = rows.to(tl.int64)[:, None]
+
+    res_ptrs = res_ptr + rows * stride_res + cols[None, :]
+    residual = tl.load(res_ptrs, mask=mask, other=0.0)
+    y = tl.load(y_ptr + rows * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+    residual = residual + y * scale[None, :]
+    tl.store(res_ptrs, residual, mask=mask)
+    if NORM:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
+        normed = residual * inv_rms(residual, n_cols, eps)[:, None] * w[None, :]
+        tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
+
+
+def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
+    """Why `scale_add_rms_norm(...)` with these arguments is outside the kernel's contract, or None."""
+    if not isinstance(residual, torch.Tensor) or not isinstance(y, torch.Tensor) or residual.dim() == 0:
+        return "residual and y must be tensors with at least one dim"
+    if residual.dtype != torch.float32:
+        return f"residual must be float32, got {residual.dtype}"
+    if y.shape != residual.shape:
+        return f"y must have residual's shape {tuple(residual.shape)}, got {tuple(y.shape)}"
+    n_cols = residual.shape[-1]
+    problem = dtype_problem("y", y.dtype) or row_vector_problem("scale", scale, n_cols)
+    if problem:
+        return problem
+    if n_cols > MAX_ROW_WIDTH:
+        return f"rows longer than {MAX_ROW_WIDTH} are not supported, got {n_cols}"
+    if as_rows(residual) is None or as_rows(y) is None:
+        return "residual and y must have a contiguous last dim and leading dims that flatten into one row stride"
+    tensors = [residual, y, scale]
+    if weight is not None:
+        problem = row_vector_problem("weight", weight, n_cols) or dtype_problem("out_dtype", out_dtype)
+        if problem:
+            return problem
+        if not is_number(eps):
+            return f"eps must be a real number, got {type(eps).__name__}"
+        tensors.append(weight)
+    return (device_problem(tensors, built_for_interpreter(_scale_add_rms_norm_kernel))
+            or grad_problem(tensors))
+
+
+def scale_add_rms_norm(
+    residual: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32, then its RMSNorm.
+
+    residual: (..., C) float32, last dim contiguous, leading dims flattening to one row stride; updated in
+    place and returned. y: residual's shape, float32/float16/bfloat16, same layout rule (strides may differ).
+    scale, weight: (C,) float32 contiguous, C <= 8192. With weight None only the add runs and normed is None;
+    otherwise normed is a new contiguous (..., C) tensor of `out_dtype`. Raises ValueError outside this
+    contract.
+    """
+    problem = unsupported(residual, y, scale, weight, eps, out_dtype)
+    if problem:
+        raise ValueError(f"scale_add_rms_norm: {problem}")
+    res_rows, y_rows = as_rows(residual), as_rows(y)
+    n_rows, n_cols = res_rows.shape
+    norm = weight is not None
+    normed = torch.empty(residual.shape, dtype=out_dtype, device=residual.device) if norm else None
+    if n_rows == 0:
+        return residual, normed
+    block_r, block_c, num_warps = row_tiling(n_cols)
+    _scale_add_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        res_rows, y_rows, scale, weight if norm else scale, normed if norm else res_rows, n_rows, n_cols,
+        res_rows.stride(0), y_rows.stride(0), float(eps) if norm else 0.0, NORM=norm, BLOCK_R=block_r,
+        BLOCK_C=block_c, num_warps=num_warps, **NO_FMA)
+    count_launch("scale_add_rms_norm")
+    return residual, normed

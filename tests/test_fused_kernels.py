@@ -1,0 +1,262 @@
+"""The Triton kernels of `minimax_h3_vae.fused` against their eager references in `blocks.py`.
+
+Each test runs on every device that can run the kernels: the CPU through Triton's interpreter
+(TRITON_INTERPRET=1, set below when there is no GPU) and CUDA when present. Sizes stay small so the
+interpreter is quick, but odd: row and token counts that fill no block, rows narrower than their block.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+import pytest
+import torch
+
+# triton.jit picks compiled or interpreted when a kernel is defined, so this must precede the kernel imports.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from minimax_h3_vae import blocks  # noqa: E402
+from minimax_h3_vae.fused import FUSED_OPS, launch_counts  # noqa: E402
+from minimax_h3_vae.fused._common import interpreting  # noqa: E402
+from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope, qk_rms_norm_rope_reference  # noqa: E402
+from minimax_h3_vae.fused.rms_norm import rms_norm, rms_norm_reference  # noqa: E402
+from minimax_h3_vae.fused.scale_add_rms_norm import (  # noqa: E402
+    scale_add_rms_norm, scale_add_rms_norm_reference)
+
+DTYPES = [pytest.param(d, id=str(d).split(".")[-1]) for d in (torch.float32, torch.float16, torch.bfloat16)]
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not interpreting(), reason="CPU runs need TRITON_INTERPRET=1")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+EPS = 1e-5  # the released norm_eps
+
+
+def randn(*shape, dtype=torch.float32, device="cpu", seed=0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
+
+
+def norm_weight(channels, device, seed) -> torch.Tensor:
+    return 1.0 + 0.2 * randn(channels, device=device, seed=seed)
+
+
+def assert_matches(actual, expected):
+    """Kernel output against the eager reference, to a tolerance set by the dtype.
+
+    float32: the kernel reduces in another order than torch, a few float32 ulps apart. float16/bfloat16:
+    both sides compute the same float32 value up to those few ulps and round it once into the dtype, so they
+    differ only where it sits next to a rounding boundary, and then by one ulp of the dtype: rtol = eps, and
+    atol = the smallest subnormal (one ulp near zero).
+    """
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+    else:
+        info = torch.finfo(expected.dtype)
+        torch.testing.assert_close(actual.double(), expected.double(), rtol=info.eps, atol=info.tiny * info.eps)
+
+
+def assert_rope_matches(actual, expected, head_dim):
+    """q or k against the eager reference.
+
+    The tolerance: the norm may land one ulp of the dtype apart (see `assert_matches`); a normalised value is at
+    most sqrt(head_dim) in magnitude and |cos|, |sin| <= 1, so a product moves by at most eps * sqrt(head_dim),
+    and the final sum rounds once more (rtol = eps). In float16/bfloat16 the rotation must also round each
+    product and the sum exactly as torch's half ops do: rounding only the sum differs from eager on about a
+    third of the rotated elements, so nearly all elements must be bit-identical.
+    """
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape and actual.is_contiguous()
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        return
+    eps = torch.finfo(expected.dtype).eps
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=eps, atol=eps * math.sqrt(head_dim))
+    assert (actual == expected).double().mean().item() >= 0.99
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_rms_norm_matches_reference_on_strided_rows(device, dtype, out_dtype):
+    """3 x 23 = 69 rows (no multiple of the 32-row block) of 96 channels, inside a wider buffer."""
+    x = randn(3, 23, 100, dtype=dtype, device=device)[..., 2:98]
+    weight = norm_weight(96, device, seed=1)
+    before = launch_counts()["rms_norm"]
+    out = rms_norm(x, weight, EPS, out_dtype)
+    assert launch_counts()["rms_norm"] == before + 1
+    assert out.is_contiguous()
+    assert_matches(out, rms_norm_reference(x, weight, EPS, out_dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_wide_rows(device):
+    """2048 channels: two rows per program, and 5 rows leave the last program half empty."""
+    x = randn(5, 2048, device=device)
+    weight = norm_weight(2048, device, seed=1)
+    assert_matches(rms_norm(x, weight, EPS, torch.float16), rms_norm_reference(x, weight, EPS, torch.float16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_add_rms_norm_updates_residual_in_place(device, dtype):
+    """The residual is a column slice of a wider buffer: the add lands in it, the columns beside it stay."""
+    buffer = randn(2, 19, 80, device=device)
+    untouched = buffer.clone()
+    residual = buffer[..., 4:76]
+    y = randn(2, 19, 72, dtype=dtype, device=device, seed=1)
+    scale = randn(72, device=device, seed=2)
+    weight = norm_weight(72, device, seed=3)
+    expected_residual, expected_normed = scale_add_rms_norm_reference(residual.clone(), y, scale, weight, EPS,
+                                                                      dtype)
+    before = launch_counts()["scale_add_rms_norm"]
+    out_residual, normed = scale_add_rms_norm(residual, y, scale, weight, EPS, dtype)
+    assert launch_counts()["scale_add_rms_norm"] == before + 1
+    assert out_residual is residual
+    # Exact: float(y) * scale, then + residual, two float32 roundings on both sides (the kernel never fuses them).
+    torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)
+    torch.testing.assert_close(buffer[..., :4], untouched[..., :4], rtol=0, atol=0)
+    torch.testing.assert_close(buffer[..., 76:], untouched[..., 76:], rtol=0, atol=0)
+    assert normed.is_contiguous()
+    assert_matches(normed, expected_normed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scale_add_without_norm_weight_only_adds(device):
+    """weight None: the last block's add, no norm; y has a row stride of its own."""
+    residual = randn(37, 48, device=device)
+    expected = residual.clone()
+    y = randn(37, 64, dtype=torch.float16, device=device, seed=1)[:, 8:56]
+    scale = randn(48, device=device, seed=2)
+    scale_add_rms_norm_reference(expected, y, scale, None, EPS, torch.float16)
+    before = launch_counts()["scale_add_rms_norm"]
+    out_residual, normed = scale_add_rms_norm(residual, y, scale, None, EPS, torch.float16)
+    assert launch_counts()["scale_add_rms_norm"] == before + 1
+    assert out_residual is residual and normed is None
+    torch.testing.assert_close(residual, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim, rotary", [(64, 48), (32, 32), (16, 4)])
+def test_qk_rms_norm_rope_matches_reference(device, dtype, head_dim, rotary):
+    """Released shape (64, 48), full and narrow rotation; 37 tokens fill no token block; batch 2, one table.
+
+    qkv is a window of a wider buffer (offset, padded rows, padded tokens) and cos, sin are column slices of one
+    (S, 2R) table: every stride the kernel takes differs from the contiguous one.
+    """
+    batch, seq, heads = 2, 37, 3
+    width = 3 * heads * head_dim
+    buffer = randn(batch, seq + 2, width + 16, dtype=dtype, device=device)
+    qkv = buffer[:, 1:seq + 1, 8:8 + width]
+    angles = (2 * math.pi * torch.rand(seq, rotary // 2, generator=torch.Generator().manual_seed(1))).repeat(1, 2)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
+    cos, sin = table[:, :rotary], table[:, rotary:]
+
+    before = launch_counts()["qk_rms_norm_rope"]
+    q, k, v = qk_rms_norm_rope(qkv, cos, sin, heads, EPS)
+    assert launch_counts()["qk_rms_norm_rope"] == before + 1
+    expected_q, expected_k, expected_v = qk_rms_norm_rope_reference(qkv, cos, sin, heads, EPS)
+    assert q.shape == (batch, heads, seq, head_dim)
+    assert_rope_matches(q, expected_q, head_dim)
+    assert_rope_matches(k, expected_k, head_dim)
+    assert v.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    assert v.data_ptr() == expected_v.data_ptr() and v.stride() == expected_v.stride()
+    assert torch.equal(v, expected_v)
+
+
+def test_fused_ops_have_the_eager_signatures():
+    for name in ("rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope"):
+        fused, eager = inspect.signature(getattr(FUSED_OPS, name)), inspect.signature(getattr(blocks.EAGER_OPS, name))
+        assert list(fused.parameters) == list(eager.parameters)
+
+
+def _rope_args(device, dtype=torch.float16, head_dim=64, rotary=48, table_shape=None):
+    seq, heads = 21, 2
+    qkv = randn(2, seq, 3 * heads * head_dim, dtype=dtype, device=device)
+    angles = randn(*(table_shape or (seq, rotary)), device=device, seed=1)
+    return qkv, angles.cos(), angles.sin(), heads, EPS
+
+
+def _scale_add_args(device, dtype=torch.float32, y_shape=(3, 11, 40), residual=None):
+    residual = randn(3, 11, 40, dtype=dtype, device=device) if residual is None else residual
+    y = randn(*y_shape, dtype=dtype, device=device, seed=1)
+    return residual, y, randn(40, device=device, seed=2), norm_weight(40, device, 3), EPS, torch.float16
+
+
+# Calls the reference handles but the kernels do not: (op, a function of the device building its arguments).
+OUT_OF_CONTRACT = {
+    "rms_norm_float64": ("rms_norm", lambda d: (randn(9, 40, dtype=torch.float64, device=d),
+                                                norm_weight(40, d, 1), EPS, torch.float16)),
+    "rms_norm_float64_out": ("rms_norm", lambda d: (randn(9, 40, device=d), norm_weight(40, d, 1), EPS,
+                                                    torch.float64)),
+    "rms_norm_column_stride": ("rms_norm", lambda d: (randn(40, 9, device=d).t(), norm_weight(40, d, 1), EPS,
+                                                      torch.float32)),
+    "rms_norm_requires_grad": ("rms_norm", lambda d: (randn(9, 40, device=d).requires_grad_(),
+                                                      norm_weight(40, d, 1), EPS, torch.float32)),
+    "scale_add_float64": ("scale_add_rms_norm", lambda d: _scale_add_args(d, dtype=torch.float64)),
+    "scale_add_broadcast_y": ("scale_add_rms_norm", lambda d: _scale_add_args(d, y_shape=(40,))),
+    "scale_add_rows_not_one_stride": ("scale_add_rms_norm",
+                                      lambda d: _scale_add_args(d, residual=randn(3, 13, 40, device=d)[:, :11])),
+    "rope_head_dim_48": ("qk_rms_norm_rope", lambda d: _rope_args(d, head_dim=48, rotary=32)),
+    "rope_float64": ("qk_rms_norm_rope", lambda d: _rope_args(d, dtype=torch.float64)),
+    "rope_odd_rotary": ("qk_rms_norm_rope", lambda d: _rope_args(d, head_dim=16, rotary=5)),
+    "rope_table_with_batch_dim": ("qk_rms_norm_rope", lambda d: _rope_args(d, table_shape=(1, 21, 48))),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_ops_launch_inside_the_contract(device):
+    rope = _rope_args(device)
+    scale_add = _scale_add_args(device)
+    x, weight = randn(9, 40, device=device), norm_weight(40, device, 1)
+    before = launch_counts()
+    assert_matches(FUSED_OPS.rms_norm(x, weight, EPS, torch.bfloat16),
+                   blocks.rms_norm(x, weight, EPS, torch.bfloat16))
+    _, normed = FUSED_OPS.scale_add_rms_norm(*scale_add)
+    assert_matches(normed, blocks.scale_add_rms_norm(*_scale_add_args(device))[1])
+    for actual, expected in zip(FUSED_OPS.qk_rms_norm_rope(*rope)[:2], blocks.qk_rms_norm_rope(*rope)[:2]):
+        assert_rope_matches(actual, expected, head_dim=64)
+    assert launch_counts() == {name: count + 1 for name, count in before.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", OUT_OF_CONTRACT)
+def test_fused_ops_fall_back_outside_the_contract(device, case):
+    name, make_args = OUT_OF_CONTRACT[case]
+    launcher = {"rms_norm": rms_norm, "scale_add_rms_norm": scale_add_rms_norm,
+                "qk_rms_norm_rope": qk_rms_norm_rope}[name]
+    with pytest.raises(ValueError, match=name):
+        launcher(*make_args(device))
+    before = launch_counts()
+    actual = getattr(FUSED_OPS, name)(*make_args(device))
+    expected = getattr(blocks.EAGER_OPS, name)(*make_args(device))
+    assert launch_counts() == before
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_fused_ops_fall_back_on_cpu_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, weight = randn(9, 40), norm_weight(40, "cpu", 1)
+    rope = _rope_args("cpu")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        rms_norm(x, weight, EPS, torch.float16)
+    before = launch_counts()
+    torch.testing.assert_close(FUSED_OPS.rms_norm(x, weight, EPS, torch.float16),
+                               blocks.rms_norm(x, weight, EPS, torch.float16), rtol=0, atol=0)
+    torch.testing.assert_close(FUSED_OPS.scale_add_rms_norm(*_scale_add_args("cpu")),
+                               blocks.scale_add_rms_norm(*_scale_add_args("cpu")), rtol=0, atol=0)
+    torch.testing.assert_close(FUSED_OPS.qk_rms_norm_rope(*rope), blocks.qk_rms_norm_rope(*rope), rtol=0, atol=0)
+    assert launch_counts() == before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs_launch_nothing(device):
+    x, weight = randn(0, 40, device=device), norm_weight(40, device, 1)
+    qkv = randn(2, 0, 3 * 64, device=device)
+    before = launch_counts()
+    assert rms_norm(x, weight, EPS, torch.float16).shape == (0, 40)
+    q, k, v = qk_rms_norm_rope(qkv, qkv.new_empty(0, 48), qkv.new_empty(0, 48), 1, EPS)
+    assert q.shape == k.shape == v.shape == (2, 1, 0, 64)
+    assert launch_counts() == before
