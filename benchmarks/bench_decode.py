@@ -10,7 +10,9 @@ same weights into our decoder, and decodes one temporal unit at 1344x768 (7 late
 - errors against it (max / mean abs, model space) of diffusers fp16 autocast, our eager fp16 recipe,
   our fused fp16 recipe, and the fp16 noise floor (two eager fp16 decodes differing only in attention
   backend);
-- ms per temporal unit (CUDA events, warm-up, median), peak GPU memory above the resident weights.
+- ms per temporal unit (CUDA events, warm-up, median), peak GPU memory above the resident weights;
+- a 10 s clip (72 latent frames) streamed to uint8 frames, with the default tile batch and with 1 tile per
+  call: wall time and peak GPU memory, weights included.
 Prints a table last and writes everything as JSON to $OUT/bench.json when OUT is set.
 """
 
@@ -21,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -84,6 +87,35 @@ def timed(fn, repeats: int) -> tuple[float, float, torch.Tensor]:
     return statistics.median(times), torch.cuda.max_memory_allocated() - base, out
 
 
+def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
+    """Decode a 10 s 1344x768 clip through decode_stream to uint8 frames on the CPU; wall time and peak memory
+    (weights included: the process holds only this fp16 model now)."""
+    from minimax_h3_vae import to_uint8_frames
+
+    z = torch.randn(1, 24, 72, 48, 84, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    model.tile_batch = tile_batch
+    model.config = model.config.replace(fused=_fused_available())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    frames = sum(to_uint8_frames(chunk).cpu().shape[0] for chunk in model.decode_stream(z))
+    seconds = time.perf_counter() - start
+    model.tile_batch = None
+    row = {"frames": frames, "seconds": seconds, "ms_per_unit": 1000 * seconds / 14,
+           "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    print("clip, tile_batch", tile_batch, row, flush=True)
+    return row
+
+
+def write_comfyui_checkpoint(model: H3VideoDecoder, path: Path) -> None:
+    """The random weights as a ComfyUI-layout single file (original names, fp16 matrices), for the CLI."""
+    from safetensors.torch import save_file
+
+    tensors = {k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path))
+
+
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
     diff = (out.float() - ref.float()).abs()
     return {"max_abs": diff.max().item(), "mean_abs": diff.mean().item()}
@@ -95,6 +127,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-diffusers-timing", action="store_true")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one decode")
+    parser.add_argument("--write-checkpoint", help="also write the random weights as a ComfyUI fp16 file here")
     args = parser.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -167,6 +200,13 @@ def main() -> None:
         from minimax_h3_vae import fused
         info["results"]["fused launch counts"] = fused.launch_counts()
     info["results"]["variants"] = rows
+
+    del vae, outputs, floor, reference
+    torch.cuda.empty_cache()
+    info["results"]["10 s clip (72 latent frames, 243 frames), streaming, fused fp16"] = {
+        str(batch): stream_clip(fp16, batch) for batch in (None, 1)}
+    if args.write_checkpoint:
+        write_comfyui_checkpoint(fp16, Path(args.write_checkpoint))
 
     if args.profile:
         fp16.config = fp16.config.replace(fused=_fused_available())

@@ -62,8 +62,18 @@ def qk_rms_norm_rope(
     return norm_rope(q), norm_rope(k), v
 
 
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """The FFN's gate: `silu(gate) * value` with `gate, value = h.chunk(2, -1)` (release order).
+
+    h: (..., 2F) any float dtype -> (..., F) same dtype; silu and the product each round to that dtype.
+    """
+    gate, value = h.chunk(2, dim=-1)
+    return F.silu(gate) * value
+
+
 EAGER_OPS = SimpleNamespace(
     rms_norm=rms_norm, scale_add_rms_norm=scale_add_rms_norm, qk_rms_norm_rope=qk_rms_norm_rope,
+    silu_mul=silu_mul,
 )
 
 
@@ -76,16 +86,12 @@ class Attention(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """`w2(silu(gate) * value)` with `gate, value = w1(x)` split in that order (release layout)."""
+    """`w2(silu_mul(w1(x)))`: w1's output rows are [gate; value] (release layout)."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.w1 = nn.Linear(dim, 2 * hidden)
         self.w2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, value = self.w1(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * value)
 
 
 class RMSNormWeight(nn.Module):
@@ -122,11 +128,12 @@ class DecoderBlock(nn.Module):
         compute_dtype = normed.dtype
         q, k, v = ops.qk_rms_norm_rope(self.attn.to_qkv(normed), rotary.cos, rotary.sin, self.attn.num_heads,
                                        self.eps)
-        o = F.scaled_dot_product_attention(q, k, v)
-        # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread).
-        o = torch.nan_to_num(o, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
-        o = self.attn.to_out(o.transpose(1, 2).reshape(batch, seq, dim))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
+        # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread). In place on
+        # the (B, S, H*D) layout, which the attention backends write contiguously: one vectorised pass.
+        o = o.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        o = self.attn.to_out(o)
         residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps,
                                                   compute_dtype)
-        return ops.scale_add_rms_norm(residual, self.ff(normed), self.scale2, next_norm_weight, self.eps,
-                                      compute_dtype)
+        y = self.ff.w2(ops.silu_mul(self.ff.w1(normed)))
+        return ops.scale_add_rms_norm(residual, y, self.scale2, next_norm_weight, self.eps, compute_dtype)

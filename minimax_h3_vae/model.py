@@ -5,6 +5,7 @@ Module names equal the original release's keys, so the original checkpoint loads
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
@@ -55,8 +56,10 @@ class ViTDecoder(nn.Module):
             self._rotary_cache[key] = rotary_table(positions, self.config.rope_dim, self.config.rope_theta)
         return self._rotary_cache[key]
 
-    def forward(self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS) -> torch.Tensor:
-        """z: (N, C, t, h, w) float32 latents after post_quant_conv -> (N, 3, 4t, 16h, 16w) float32."""
+    def forward(self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """z: (N, C, t, h, w) float32 latents after post_quant_conv -> (N, 3, 4t, 16h, 16w) float32, written
+        into `out` when given (un-patchified in the one copy)."""
         c = self.config
         n, _, frames, height, width = z.shape
         tokens = self.x_embedder(z.flatten(2).transpose(1, 2))
@@ -71,8 +74,11 @@ class ViTDecoder(nn.Module):
             residual, normed = block(residual, normed, rotary, ops, next_norm)
         patches = self.proj_out(self.norm_out(residual[:, :frames * height * width]))
         p, pt = c.patch_size, c.patch_size_t
-        patches = patches.view(n, frames, height, width, c.out_channels, pt, p, p)
-        return patches.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(n, c.out_channels, frames * pt, height * p, width * p)
+        patches = patches.view(n, frames, height, width, c.out_channels, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
+        if out is None:
+            out = patches.new_empty(n, c.out_channels, frames * pt, height * p, width * p)
+        out.view(n, c.out_channels, frames, pt, height, p, width, p).copy_(patches)
+        return out
 
 
 class H3VideoDecoder(nn.Module):
@@ -86,12 +92,13 @@ class H3VideoDecoder(nn.Module):
         self.config = config
         self.post_quant_conv = nn.Conv3d(config.latent_channels, config.latent_channels, kernel_size=1)
         self.decoder = ViTDecoder(config)
-        self.tile_batch: int | None = None  # tiles per decoder call; None: all tiles of a chunk at once
+        self.tile_batch: int | None = None  # tiles per decoder call; None: as many as fit in free GPU memory
 
     @classmethod
     def from_pretrained(
         cls, source: str | os.PathLike = "MiniMaxAI/MiniMax-H3", *, device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None, fused: bool | None = None, revision: str | None = None,
+        tile_batch: int | None = None,
     ) -> H3VideoDecoder:
         """Load the decoder from a hub repo id, a local repo root, an original `video_vae/` folder, a
         diffusers `vae/` folder, or a single ComfyUI `.safetensors` file.
@@ -99,8 +106,11 @@ class H3VideoDecoder(nn.Module):
         device: defaults to CUDA when available. dtype: `torch.float32`/`"fp32"` (default on CPU) or
         `"fp16"`/`torch.float16`, the release recipe (default on CUDA): block linears in fp16, norms,
         residual stream, x_embedder and proj_out in fp32. fused: use the Triton kernels; default from
-        MINIMAX_H3_VAE_FUSED, else on when the model is on CUDA and Triton is importable.
+        MINIMAX_H3_VAE_FUSED, else on when the model is on CUDA and Triton is importable. tile_batch:
+        tiles per decoder call; default: as many as fit in free GPU memory (1 fits a 12 GB card).
         """
+        if tile_batch is not None and tile_batch < 1:
+            raise ValueError(f"tile_batch must be at least 1, got {tile_batch}")
         from .loading import load_checkpoint
 
         device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
@@ -114,6 +124,7 @@ class H3VideoDecoder(nn.Module):
                                      else torch.float32)
                       for key, tensor in checkpoint.tensors(expected)}
         model.load_state_dict(state_dict, strict=True, assign=True)
+        model.tile_batch = tile_batch
         return model.eval().requires_grad_(False)
 
     def to_release_fp16(self) -> H3VideoDecoder:
@@ -137,24 +148,43 @@ class H3VideoDecoder(nn.Module):
         from . import fused
         return fused.FUSED_OPS
 
-    def decode_tiles(self, z: torch.Tensor) -> torch.Tensor:
+    def decode_tiles(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32."""
         z = F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
-        return self.decoder(z, self.ops())
+        with _preferred_attention():
+            return self.decoder(z, self.ops(), out)
+
+    def auto_tile_batch(self, tile_tokens: int) -> int:
+        """Tiles per decoder call that fit in 80% of the free GPU memory (all of them on the CPU)."""
+        if self.device.type != "cuda":
+            return 2**31 - 1
+        free, _ = torch.cuda.mem_get_info(self.device)
+        c = self.config
+        element = torch.finfo(self.decoder.compute_dtype).bits // 8
+        # A conservative count of the live activations per token at the FFN's peak: w1's output and the
+        # gate in the compute dtype, the fp32 residual and its temporaries, and the tile's fp32 pixels.
+        per_token = (4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim + 3 * c.patch_dim * 4
+        return max(1, int(0.8 * free) // (per_token * tile_tokens))
 
     def decode_clip(self, z: torch.Tensor, on_tiles: Callable[[int], None] | None = None) -> torch.Tensor:
         """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
 
-        The tiles of all B videos go through the decoder together, `tile_batch` at a time.
+        The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many
+        as fit in free GPU memory).
         """
-        plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], self.config)
+        c = self.config
+        plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c)
         tiles = torch.cat([z[..., rows, cols] for rows, cols in plan.latent_windows()])
-        decoded = []
-        for part in tiles.split(self.tile_batch or tiles.shape[0]):
-            decoded.append(self.decode_tiles(part))
+        frames, (tile_h, tile_w) = z.shape[2], plan.latent_tile_shape
+        decoded = tiles.new_empty(tiles.shape[0], c.out_channels, frames * c.patch_size_t, plan.rows.size,
+                                  plan.cols.size, dtype=torch.float32)
+        step = self.tile_batch or self.auto_tile_batch(frames * tile_h * tile_w + c.num_register_tokens + 1)
+        for start in range(0, tiles.shape[0], step):
+            part = tiles[start:start + step]
+            self.decode_tiles(part, decoded[start:start + step])
             if on_tiles is not None:
                 on_tiles(part.shape[0])
-        return tiling.stitch(torch.cat(decoded).split(z.shape[0]), plan)
+        return tiling.stitch(decoded.split(z.shape[0]), plan)
 
     @torch.inference_mode()
     def decode_stream(self, z: torch.Tensor, progress: Callable[[int, int], None] | None = None
@@ -187,8 +217,8 @@ class H3VideoDecoder(nn.Module):
             clip = self.decode_clip(z[:, :, start:start + plan.window], advance)
             body = clip[:, :, body_start:body_end]
             if held is not None:
-                extent = held.shape[2]
-                body[:, :, :extent] = tiling.blend(held, body, extent, 2)
+                extent = c.frame_overlap
+                body[:, :, :extent] = tiling.blend(held, body[:, :, :extent], extent, 2)
             held = clip[:, :, tail_start:tail_end] if tail_end > tail_start else None
             emit = body[:, :, :remaining]
             remaining -= emit.shape[2]
@@ -202,6 +232,19 @@ class H3VideoDecoder(nn.Module):
         ImageNet-normalised space (see `to_unit_rgb`). F = 1 for T = 1, 5 for T = 2, else 17n + 5 for
         T = 5n + 2 (tails padded and cut as released)."""
         return torch.cat(list(self.decode_stream(z, progress)), dim=2)
+
+
+def _preferred_attention():
+    """cuDNN attention first, then flash, then the rest: the fastest order on Hopper for S = 1797, D = 64
+    (benchmarks/RESULTS.md). Torch versions without backend priorities keep their own order."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    try:
+        return sdpa_kernel(order, set_priority=True)
+    except TypeError:
+        return contextlib.nullcontext()
 
 
 def _is_block_linear(key: str) -> bool:

@@ -81,17 +81,19 @@ def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig) -
     )
 
 
-def blend(old: torch.Tensor, new: torch.Tensor, extent: int, dim: int) -> torch.Tensor:
-    """Linear cross-fade over the first `extent` entries of `new` along `dim`.
+def blend(old: torch.Tensor, new_head: torch.Tensor, extent: int, dim: int) -> torch.Tensor:
+    """Linear cross-fade over an overlap of `extent` entries along `dim`.
 
-    Returns `old[-extent:] * (1 - k/extent) + new[:extent] * (k/extent)` for k = 0..extent-1, the blended
-    head only (same length as `extent`), in `new`'s dtype.
+    `new_head` holds the first n <= extent entries of the new piece; they meet entries [L - extent,
+    L - extent + n) of `old` (length L). Returns `old * (1 - k/extent) + new * (k/extent)` for k < n, in
+    `new_head`'s dtype, as a new tensor.
     """
-    weight = torch.arange(extent, device=new.device, dtype=new.dtype) / extent
-    shape = [1] * new.ndim
-    shape[dim] = extent
+    count = new_head.shape[dim]
+    weight = torch.arange(count, device=new_head.device, dtype=new_head.dtype) / extent
+    shape = [1] * new_head.ndim
+    shape[dim] = count
     weight = weight.view(shape)
-    return old.narrow(dim, old.shape[dim] - extent, extent) * (1 - weight) + new.narrow(dim, 0, extent) * weight
+    return old.narrow(dim, old.shape[dim] - extent, count) * (1 - weight) + new_head * weight
 
 
 def stitch(tiles: list[torch.Tensor], plan: TilePlan, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,7 +101,8 @@ def stitch(tiles: list[torch.Tensor], plan: TilePlan, out: torch.Tensor | None =
 
     Each tile is blended with the raw tile above (over their vertical overlap), then with the raw tile to
     its left (over the horizontal one), then its trailing overlaps are cut. Where both overlaps cross,
-    the top-left tile's share is lost: that is the released behaviour, kept for parity.
+    the top-left tile's share is lost: that is the released behaviour, kept for parity. Only the part of
+    each tile that survives the cut is computed, straight into `out`.
     """
     rows, cols = plan.rows, plan.cols
     height = rows.starts[-1] + rows.size
@@ -107,19 +110,22 @@ def stitch(tiles: list[torch.Tensor], plan: TilePlan, out: torch.Tensor | None =
     if out is None:
         out = tiles[0].new_empty(*tiles[0].shape[:-2], height, width)
     for i, y in enumerate(rows.starts):
+        keep_h = rows.size - (rows.overlaps[i] if i < rows.count - 1 else 0)
         for j, x in enumerate(cols.starts):
+            keep_w = cols.size - (cols.overlaps[j] if j < cols.count - 1 else 0)
             tile = tiles[i * cols.count + j]
-            if i > 0 or j > 0:
-                tile = tile.clone()
+            region = out[..., y:y + keep_h, x:x + keep_w]
+            region.copy_(tile[..., :keep_h, :keep_w])
             if i > 0:
                 extent = rows.overlaps[i - 1]
-                tile[..., :extent, :] = blend(tiles[(i - 1) * cols.count + j], tile, extent, -2)
+                above = tiles[(i - 1) * cols.count + j][..., :keep_w]
+                head = min(extent, keep_h)
+                region[..., :head, :] = blend(above, tile[..., :head, :keep_w], extent, -2)
             if j > 0:
                 extent = cols.overlaps[j - 1]
-                tile[..., :, :extent] = blend(tiles[i * cols.count + j - 1], tile, extent, -1)
-            keep_h = rows.size - (rows.overlaps[i] if i < rows.count - 1 else 0)
-            keep_w = cols.size - (cols.overlaps[j] if j < cols.count - 1 else 0)
-            out[..., y:y + keep_h, x:x + keep_w] = tile[..., :keep_h, :keep_w]
+                left = tiles[i * cols.count + j - 1][..., :keep_h, :]
+                head = min(extent, keep_w)
+                region[..., :, :head] = blend(left, region[..., :, :head], extent, -1)
     return out
 
 

@@ -25,6 +25,7 @@ from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope, qk_rms_norm_
 from minimax_h3_vae.fused.rms_norm import rms_norm, rms_norm_reference  # noqa: E402
 from minimax_h3_vae.fused.scale_add_rms_norm import (  # noqa: E402
     scale_add_rms_norm, scale_add_rms_norm_reference)
+from minimax_h3_vae.fused.silu_mul import silu_mul, silu_mul_reference  # noqa: E402
 
 DTYPES = [pytest.param(d, id=str(d).split(".")[-1]) for d in (torch.float32, torch.float16, torch.bfloat16)]
 DEVICES = [
@@ -166,8 +167,29 @@ def test_qk_rms_norm_rope_matches_reference(device, dtype, head_dim, rotary):
     assert torch.equal(v, expected_v)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_reference_on_strided_rows(device, dtype):
+    """37 rows of [gate | value] halves of 2500 (the last column block part empty), inside a wider buffer.
+
+    Tolerance: silu and the product each round to the dtype on both sides; the kernel's exp differs from
+    torch's by float32 ulps, which can move the rounded silu by one ulp of the dtype, and the product by
+    one more: rtol = 2 eps. Nearly all elements must still be bit-identical.
+    """
+    h = randn(37, 5008, dtype=dtype, device=device)[:, 4:5004] * 4
+    before = launch_counts()["silu_mul"]
+    out = silu_mul(h)
+    assert launch_counts()["silu_mul"] == before + 1
+    expected = silu_mul_reference(h)
+    assert out.shape == (37, 2500) and out.dtype == dtype and out.is_contiguous()
+    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
+    torch.testing.assert_close(out.double(), expected.double(), rtol=2 * eps, atol=torch.finfo(dtype).tiny)
+    if dtype != torch.float32:
+        assert (out == expected).double().mean().item() >= 0.99
+
+
 def test_fused_ops_have_the_eager_signatures():
-    for name in ("rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope"):
+    for name in ("rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope", "silu_mul"):
         fused, eager = inspect.signature(getattr(FUSED_OPS, name)), inspect.signature(getattr(blocks.EAGER_OPS, name))
         assert list(fused.parameters) == list(eager.parameters)
 
@@ -203,6 +225,8 @@ OUT_OF_CONTRACT = {
     "rope_float64": ("qk_rms_norm_rope", lambda d: _rope_args(d, dtype=torch.float64)),
     "rope_odd_rotary": ("qk_rms_norm_rope", lambda d: _rope_args(d, head_dim=16, rotary=5)),
     "rope_table_with_batch_dim": ("qk_rms_norm_rope", lambda d: _rope_args(d, table_shape=(1, 21, 48))),
+    "silu_mul_column_stride": ("silu_mul", lambda d: (randn(32, 5, device=d).t(),)),
+    "silu_mul_float64": ("silu_mul", lambda d: (randn(5, 32, dtype=torch.float64, device=d),)),
 }
 
 
@@ -218,6 +242,8 @@ def test_fused_ops_launch_inside_the_contract(device):
     assert_matches(normed, blocks.scale_add_rms_norm(*_scale_add_args(device))[1])
     for actual, expected in zip(FUSED_OPS.qk_rms_norm_rope(*rope)[:2], blocks.qk_rms_norm_rope(*rope)[:2]):
         assert_rope_matches(actual, expected, head_dim=64)
+    h = randn(7, 64, dtype=torch.float16, device=device)
+    assert (FUSED_OPS.silu_mul(h) == blocks.silu_mul(h)).double().mean() >= 0.99
     assert launch_counts() == {name: count + 1 for name, count in before.items()}
 
 
@@ -226,7 +252,7 @@ def test_fused_ops_launch_inside_the_contract(device):
 def test_fused_ops_fall_back_outside_the_contract(device, case):
     name, make_args = OUT_OF_CONTRACT[case]
     launcher = {"rms_norm": rms_norm, "scale_add_rms_norm": scale_add_rms_norm,
-                "qk_rms_norm_rope": qk_rms_norm_rope}[name]
+                "qk_rms_norm_rope": qk_rms_norm_rope, "silu_mul": silu_mul}[name]
     with pytest.raises(ValueError, match=name):
         launcher(*make_args(device))
     before = launch_counts()

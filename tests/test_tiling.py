@@ -72,7 +72,8 @@ def test_stitch_loses_top_left_share_where_overlaps_cross():
 
 def test_blend_weights():
     old, new = torch.zeros(1, 8), torch.ones(1, 8)
-    assert blend(old, new, 4, -1).tolist() == [[0.0, 0.25, 0.5, 0.75]]
+    assert blend(old, new[:, :4], 4, -1).tolist() == [[0.0, 0.25, 0.5, 0.75]]
+    assert blend(old, new[:, :2], 4, -1).tolist() == [[0.0, 0.25]], "a head cut short keeps its weights"
 
 
 @pytest.mark.parametrize("frames, expected", [(1, 1), (2, 5), (3, 9), (7, 22), (8, 26), (12, 39), (17, 56),

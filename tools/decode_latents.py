@@ -175,11 +175,10 @@ def run(args: argparse.Namespace) -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         decoder = H3VideoDecoder.from_pretrained(args.model, device=device, dtype=args.dtype,
-                                                 fused=False if args.eager else None)
+                                                 fused=False if args.eager else None, tile_batch=args.tile_batch)
     except CheckpointError as error:
         raise InputError(str(error)) from None
     config = decoder.config
-    decoder.tile_batch = args.tile_batch
     if latents.shape[1] != config.latent_channels:
         raise InputError(f"{args.input}: latents have {latents.shape[1]} channels, the model takes "
                          f"{config.latent_channels}")
@@ -212,8 +211,10 @@ def run(args: argparse.Namespace) -> None:
             sink.discard()
         raise
     seconds = time.perf_counter() - start
-    print(f"wrote {args.output}: {frames_out} frames in {seconds:.1f} s ({frames_out / seconds:.2f} frames/s)",
-          file=sys.stderr)
+    memory = (f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+              if device.type == "cuda" else "")
+    print(f"wrote {args.output}: {frames_out} frames in {seconds:.1f} s ({frames_out / seconds:.2f} frames/s)"
+          f"{memory}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

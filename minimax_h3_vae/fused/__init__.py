@@ -1,4 +1,4 @@
-"""Triton kernels for the decoder's three pointwise ops, interchangeable with `blocks.EAGER_OPS`.
+"""Triton kernels for the decoder's pointwise ops, interchangeable with `blocks.EAGER_OPS`.
 
 `FUSED_OPS` has the eager ops' signatures. Each call inside a kernel's contract (float32/float16/bfloat16,
 supported shapes and layouts, a CUDA tensor, or a CPU tensor under TRITON_INTERPRET=1) launches the kernel;
@@ -22,7 +22,8 @@ __all__ = ["FUSED_OPS", "launch_counts"]
 
 
 def launch_counts() -> dict[str, int]:
-    """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope'."""
+    """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
+    'silu_mul'."""
     return dict(LAUNCHES)
 
 
@@ -52,6 +53,11 @@ def _qk_rms_norm_rope(
     return _call("qk_rms_norm_rope", blocks.qk_rms_norm_rope, qkv, cos, sin, num_heads, eps)
 
 
+def _silu_mul(h: torch.Tensor) -> torch.Tensor:
+    return _call("silu_mul", blocks.silu_mul, h)
+
+
 FUSED_OPS = SimpleNamespace(
     rms_norm=_rms_norm, scale_add_rms_norm=_scale_add_rms_norm, qk_rms_norm_rope=_qk_rms_norm_rope,
+    silu_mul=_silu_mul,
 )
