@@ -71,9 +71,14 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * value
 
 
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A float32 Linear (proj_out, which the release runs in float32). x: (..., K), weight: (N, K), bias: (N,)."""
+    return F.linear(x, weight, bias)
+
+
 EAGER_OPS = SimpleNamespace(
     rms_norm=rms_norm, scale_add_rms_norm=scale_add_rms_norm, qk_rms_norm_rope=qk_rms_norm_rope,
-    silu_mul=silu_mul,
+    silu_mul=silu_mul, linear_fp32=linear_fp32,
 )
 
 

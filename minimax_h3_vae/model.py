@@ -5,7 +5,6 @@ Module names equal the original release's keys, so the original checkpoint loads
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
@@ -23,6 +22,10 @@ from .rope import RotaryTable, rotary_table, token_positions
 # ImageNet statistics: the decoder's output space is `(rgb - mean) / std` with rgb in [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# SDPA backends in order of preference (names of torch.nn.attention.SDPBackend): cuDNN is the fastest on
+# Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md).
+ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 # Modules that hold the block linears: fp16 in the release recipe, everything else stays fp32.
 _BLOCK_LINEARS = ("attn.to_qkv", "attn.to_out", "ff.w1", "ff.w2")
@@ -72,7 +75,8 @@ class ViTDecoder(nn.Module):
         for i, block in enumerate(blocks):
             next_norm = blocks[i + 1].norm1.weight if i + 1 < len(blocks) else None
             residual, normed = block(residual, normed, rotary, ops, next_norm)
-        patches = self.proj_out(self.norm_out(residual[:, :frames * height * width]))
+        patches = ops.linear_fp32(self.norm_out(residual[:, :frames * height * width]), self.proj_out.weight,
+                                  self.proj_out.bias)
         p, pt = c.patch_size, c.patch_size_t
         patches = patches.view(n, frames, height, width, c.out_channels, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
         if out is None:
@@ -93,6 +97,7 @@ class H3VideoDecoder(nn.Module):
         self.post_quant_conv = nn.Conv3d(config.latent_channels, config.latent_channels, kernel_size=1)
         self.decoder = ViTDecoder(config)
         self.tile_batch: int | None = None  # tiles per decoder call; None: as many as fit in free GPU memory
+        self.attention_backends = ATTENTION_BACKENDS
 
     @classmethod
     def from_pretrained(
@@ -151,7 +156,7 @@ class H3VideoDecoder(nn.Module):
     def decode_tiles(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32."""
         z = F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
-        with _preferred_attention():
+        with _attention_backends(self.attention_backends):
             return self.decoder(z, self.ops(), out)
 
     def auto_tile_batch(self, tile_tokens: int) -> int:
@@ -234,17 +239,15 @@ class H3VideoDecoder(nn.Module):
         return torch.cat(list(self.decode_stream(z, progress)), dim=2)
 
 
-def _preferred_attention():
-    """cuDNN attention first, then flash, then the rest: the fastest order on Hopper for S = 1797, D = 64
-    (benchmarks/RESULTS.md). Torch versions without backend priorities keep their own order."""
+def _attention_backends(names: tuple[str, ...]):
+    """A context that lets SDPA use these backends, in this order where torch supports priorities."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-             SDPBackend.MATH]
+    backends = [getattr(SDPBackend, name) for name in names]
     try:
-        return sdpa_kernel(order, set_priority=True)
+        return sdpa_kernel(backends, set_priority=True)
     except TypeError:
-        return contextlib.nullcontext()
+        return sdpa_kernel(backends)
 
 
 def _is_block_linear(key: str) -> bool:

@@ -451,3 +451,23 @@ def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch
     assert code == 0 and "fused ops" in err
     code, err = run_cli(cli, capsys, latents, tmp_path / "b.safetensors", "--model", TINY, "--eager")
     assert code == 0 and "eager ops" in err
+
+
+def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
+    """The frames are written from a background thread: its error still fails the run, cleanly."""
+    calls = []
+
+    def failing_write(self, frames):
+        calls.append(frames.shape[0])
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(cli.FrameSink, "write", failing_write)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "video.mp4"
+    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=12))  # two chunks
+    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    assert calls, "the writer thread ran"
+    assert code == 1
+    assert_one_error_line(err)
+    assert "disk full" in err
+    assert tree(tmp_path / "out") == set()

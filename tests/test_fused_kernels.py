@@ -26,6 +26,7 @@ from minimax_h3_vae.fused.rms_norm import rms_norm, rms_norm_reference  # noqa: 
 from minimax_h3_vae.fused.scale_add_rms_norm import (  # noqa: E402
     scale_add_rms_norm, scale_add_rms_norm_reference)
 from minimax_h3_vae.fused.silu_mul import silu_mul, silu_mul_reference  # noqa: E402
+from minimax_h3_vae.fused.tf32x3_linear import linear_fp32, linear_fp32_reference, split_tf32  # noqa: E402
 
 DTYPES = [pytest.param(d, id=str(d).split(".")[-1]) for d in (torch.float32, torch.float16, torch.bfloat16)]
 DEVICES = [
@@ -68,7 +69,8 @@ def assert_rope_matches(actual, expected, head_dim):
     product and the sum exactly as torch's half ops do: rounding only the sum differs from eager on about a
     third of the rotated elements, so nearly all elements must be bit-identical.
     """
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape and actual.is_contiguous()
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert actual.transpose(1, 2).is_contiguous(), "q and k are written (B, S, H, D) for attention"
     if expected.dtype == torch.float32:
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
         return
@@ -188,8 +190,34 @@ def test_silu_mul_matches_reference_on_strided_rows(device, dtype):
         assert (out == expected).double().mean().item() >= 0.99
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf32_split_is_exact(device):
+    """hi keeps TF32's 10 mantissa bits (low 13 bits zero), and hi + lo gives x back exactly."""
+    x = randn(3, 1000, device=device) * 100
+    hi, lo = split_tf32(x)
+    assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()
+    assert torch.equal(hi + lo, x)
+    assert (lo.abs() <= hi.abs() * 2.0 ** -10).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 needs CUDA tensor cores")
+def test_tf32x3_linear_is_float32_accurate():
+    """Against a float64 product: the three TF32 products stay within a few float32 ulps, as plain float32 does,
+    where one TF32 product alone would be ~2^-11 off."""
+    x, weight, bias = randn(4096, 2048, device="cuda"), randn(3072, 2048, device="cuda", seed=1) * 0.02, \
+        randn(3072, device="cuda", seed=2)
+    exact = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+    before = launch_counts()["tf32x3_linear"]
+    out = linear_fp32(x, weight, bias)
+    assert launch_counts()["tf32x3_linear"] == before + 2
+    plain = linear_fp32_reference(x, weight, bias)
+    error, plain_error = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
+    assert error <= 4 * plain_error + 1e-6, (error, plain_error)
+    assert not torch.backends.cuda.matmul.allow_tf32, "the global TF32 flag is restored"
+
+
 def test_fused_ops_have_the_eager_signatures():
-    for name in ("rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope", "silu_mul"):
+    for name in ("rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope", "silu_mul", "linear_fp32"):
         fused, eager = inspect.signature(getattr(FUSED_OPS, name)), inspect.signature(getattr(blocks.EAGER_OPS, name))
         assert list(fused.parameters) == list(eager.parameters)
 
@@ -227,6 +255,8 @@ OUT_OF_CONTRACT = {
     "rope_table_with_batch_dim": ("qk_rms_norm_rope", lambda d: _rope_args(d, table_shape=(1, 21, 48))),
     "silu_mul_column_stride": ("silu_mul", lambda d: (randn(32, 5, device=d).t(),)),
     "silu_mul_float64": ("silu_mul", lambda d: (randn(5, 32, dtype=torch.float64, device=d),)),
+    "linear_fp32_float16": ("linear_fp32", lambda d: (randn(5, 32, dtype=torch.float16, device=d),
+                                                      randn(8, 32, dtype=torch.float16, device=d), None)),
 }
 
 
@@ -244,7 +274,12 @@ def test_fused_ops_launch_inside_the_contract(device):
         assert_rope_matches(actual, expected, head_dim=64)
     h = randn(7, 64, dtype=torch.float16, device=device)
     assert (FUSED_OPS.silu_mul(h) == blocks.silu_mul(h)).double().mean() >= 0.99
-    assert launch_counts() == {name: count + 1 for name, count in before.items()}
+    x, weight = randn(7, 64, device=device), randn(16, 64, device=device, seed=1)
+    torch.testing.assert_close(FUSED_OPS.linear_fp32(x, weight, None), blocks.linear_fp32(x, weight, None))
+    expected = {name: count + 1 for name, count in before.items()}
+    # Two operand splits on CUDA; on the CPU there are no TF32 tensor cores, so it takes the plain product.
+    expected["tf32x3_linear"] = before["tf32x3_linear"] + (2 if device == "cuda" else 0)
+    assert launch_counts() == expected
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -252,7 +287,7 @@ def test_fused_ops_launch_inside_the_contract(device):
 def test_fused_ops_fall_back_outside_the_contract(device, case):
     name, make_args = OUT_OF_CONTRACT[case]
     launcher = {"rms_norm": rms_norm, "scale_add_rms_norm": scale_add_rms_norm,
-                "qk_rms_norm_rope": qk_rms_norm_rope, "silu_mul": silu_mul}[name]
+                "qk_rms_norm_rope": qk_rms_norm_rope, "silu_mul": silu_mul, "linear_fp32": linear_fp32}[name]
     with pytest.raises(ValueError, match=name):
         launcher(*make_args(device))
     before = launch_counts()

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import queue
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -146,6 +148,41 @@ class FrameSink:
         self.temp.unlink(missing_ok=True)
 
 
+class BackgroundWriter:
+    """Feeds a FrameSink from a thread, so encoding a chunk overlaps decoding the next one on the GPU.
+
+    At most `depth` chunks wait in the queue, which bounds host memory. An error in the writer is raised
+    in the caller at its next `put` or at `close`.
+    """
+
+    def __init__(self, sink: FrameSink, depth: int = 2):
+        self.sink = sink
+        self.queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (frames := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.sink.write(frames)
+                except BaseException as error:  # handed to the caller; keep draining so it never blocks
+                    self.error = error
+
+    def put(self, frames) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(frames)
+
+    def close(self) -> None:
+        """Wait for every queued chunk to be written; raise the writer's error, if any."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def check_output(output: Path) -> None:
     if output.suffix.lower() not in OUTPUT_FORMATS:
         raise InputError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
@@ -195,18 +232,23 @@ def run(args: argparse.Namespace) -> None:
           file=sys.stderr)
 
     start = time.perf_counter()
-    sink = None
+    sink = writer = None
     try:
         sink = FrameSink(args.output, width, height, fps)
+        writer = BackgroundWriter(sink)
         with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
             def progress(done: int, total: int) -> None:
                 bar.total = total
                 bar.update(done - bar.n)
 
             for chunk in decoder.decode_stream(z.to(device), progress):
-                sink.write(to_uint8_frames(chunk).cpu())
+                writer.put(to_uint8_frames(chunk).cpu())
+        writer.close()
         sink.commit()
     except BaseException:
+        if writer is not None and writer.thread.is_alive():
+            writer.queue.put(None)
+            writer.thread.join()
         if sink is not None:
             sink.discard()
         raise

@@ -23,16 +23,16 @@ __all__ = ["FUSED_OPS", "launch_counts"]
 
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul'."""
+    'silu_mul', 'tf32x3_linear' (its operand splits)."""
     return dict(LAUNCHES)
 
 
-def _call(name: str, reference, *args):
+def _call(name: str, reference, *args, launcher: str | None = None):
     # The device test comes first so a call that cannot launch never imports (and so defines) a kernel.
     if device_problem([a for a in args if isinstance(a, torch.Tensor)]) is None:
         kernel = importlib.import_module(f"{__name__}.{name}")
         if kernel.unsupported(*args) is None:
-            return getattr(kernel, name)(*args)
+            return getattr(kernel, launcher or name)(*args)
     return reference(*args)
 
 
@@ -57,7 +57,11 @@ def _silu_mul(h: torch.Tensor) -> torch.Tensor:
     return _call("silu_mul", blocks.silu_mul, h)
 
 
+def _linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _call("tf32x3_linear", blocks.linear_fp32, x, weight, bias, launcher="linear_fp32")
+
+
 FUSED_OPS = SimpleNamespace(
     rms_norm=_rms_norm, scale_add_rms_norm=_scale_add_rms_norm, qk_rms_norm_rope=_qk_rms_norm_rope,
-    silu_mul=_silu_mul,
+    silu_mul=_silu_mul, linear_fp32=_linear_fp32,
 )

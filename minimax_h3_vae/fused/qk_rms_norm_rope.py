@@ -41,7 +41,7 @@ def _qk_rms_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, seq_len, s
                              stride_cos_s, stride_cos_r, stride_sin_s, stride_sin_r, eps,
                              HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
     """qkv: (B, S, 3 * H * HEAD_DIM) any float dtype, per-head interleaved [q | k | v], unit column stride.
-    cos, sin: (S, ROTARY_DIM) float32, any strides, shared by every batch entry. q, k: (B, H, S, HEAD_DIM)
+    cos, sin: (S, ROTARY_DIM) float32, any strides, shared by every batch entry. q, k: (B, S, H, HEAD_DIM)
     contiguous, qkv's dtype. Grid: (S blocks of BLOCK_S tokens, H, B)."""
     head, batch = tl.program_id(1), tl.program_id(2)
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -63,7 +63,7 @@ def _qk_rms_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, seq_len, s
 
     q_row = qkv_ptr + batch.to(tl.int64) * stride_qkv_b + tokens * stride_qkv_s + head * 3 * HEAD_DIM
     k_row = q_row + HEAD_DIM
-    out = ((batch * tl.num_programs(1) + head).to(tl.int64) * seq_len + tokens) * HEAD_DIM + dims[None, :]
+    out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
     q = _norm_rope(q_row + dims[None, :], q_row + partner[None, :], mask, cos, sin, is_rotary, eps,
                    HEAD_DIM, dtype)
     tl.store(q_ptr + out, q, mask=mask)
@@ -117,7 +117,9 @@ def qk_rms_norm_rope(
     qkv: (B, S, 3 * H * D) float32/float16/bfloat16, per-head interleaved [q | k | v], last dim contiguous,
     any batch and sequence strides (e.g. a slice of a wider buffer); D a power of two <= 256.
     cos, sin: (S, R) float32, R even and <= D, any strides, one table for the whole batch.
-    Returns q, k: new contiguous (B, H, S, D) tensors of qkv's dtype, normalised and rotated; v: a strided
+    Returns q, k: (B, H, S, D) views of new (B, S, H, D)-contiguous tensors of qkv's dtype, normalised and
+    rotated (the layout in which attention writes its output (B, S, H * D)-contiguous, ready for to_out,
+    with no transpose copy); v: a strided
     (B, H, S, D) view of qkv, as the reference returns. Raises ValueError outside this contract.
     """
     problem = unsupported(qkv, cos, sin, num_heads, eps)
@@ -126,7 +128,7 @@ def qk_rms_norm_rope(
     batch, seq, _ = qkv.shape
     head_dim = _head_dim(qkv, num_heads)
     v = qkv.view(batch, seq, num_heads, 3, head_dim).transpose(1, 2).unbind(3)[2]
-    q = torch.empty((batch, num_heads, seq, head_dim), dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty((batch, seq, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
     k = torch.empty_like(q)
     if q.numel() == 0:
         return q, k, v
