@@ -222,11 +222,31 @@ def main() -> None:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench.json").write_text(json.dumps(info, indent=2))
     print(json.dumps(info["results"], indent=1))
+    print_bounds(info["results"])
     base = rows["diffusers fp16 autocast"]["ms_per_unit"]
     print(f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9}")
     for name, row in rows.items():
         print(f"{name:28} {row['ms_per_unit']:9.1f} {base / row['ms_per_unit']:7.2f}x "
               f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e}")
+
+
+def print_bounds(results: dict) -> None:
+    """The accuracy bounds of the issues, checked on this run's numbers."""
+    rows = results["variants"]
+    eager, theirs = rows["ours eager fp16"], rows["diffusers fp16 autocast"]
+    checks = [("eager fp16 error <= diffusers fp16 autocast error (max, mean)",
+               eager["max_abs"] <= theirs["max_abs"] and eager["mean_abs"] <= theirs["mean_abs"])]
+    if "ours fused fp16" in rows:
+        fused = rows["ours fused fp16"]
+        floor = results["noise floor (eager fp16, attention backends)"]["FLASH_ATTENTION vs CUDNN_ATTENTION"]
+        checks += [
+            ("fused fp16 error <= 1.1 x eager fp16 error (max, mean)",
+             fused["max_abs"] <= 1.1 * eager["max_abs"] and fused["mean_abs"] <= 1.1 * eager["mean_abs"]),
+            (f"fused vs eager max abs {results['fused vs eager fp16']['max_abs']:.2e} <= noise floor "
+             f"{floor['max_abs']:.2e} (eager cuDNN vs flash)",
+             results["fused vs eager fp16"]["max_abs"] <= floor["max_abs"])]
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
 
 
 def _fused_available() -> bool:

@@ -188,6 +188,8 @@ def test_silu_mul_matches_reference_on_strided_rows(device, dtype):
     torch.testing.assert_close(out.double(), expected.double(), rtol=2 * eps, atol=torch.finfo(dtype).tiny)
     if dtype != torch.float32:
         assert (out == expected).double().mean().item() >= 0.99
+    if device == "cuda":
+        assert torch.equal(out, expected), "on CUDA the kernel uses the same expf and division as torch"
 
 
 @pytest.mark.parametrize("device", DEVICES)
