@@ -98,6 +98,7 @@ class H3VideoDecoder(nn.Module):
         self.decoder = ViTDecoder(config)
         self.tile_batch: int | None = None  # tiles per decoder call; None: as many as fit in free GPU memory
         self.attention_backends = ATTENTION_BACKENDS
+        self.output_rank: int | None = None  # under torch.distributed: the one rank that gets the output
 
     @classmethod
     def from_pretrained(
@@ -171,25 +172,58 @@ class H3VideoDecoder(nn.Module):
         per_token = (4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim + 3 * c.patch_dim * 4
         return max(1, int(0.8 * free) // (per_token * tile_tokens))
 
-    def decode_clip(self, z: torch.Tensor, on_tiles: Callable[[int], None] | None = None) -> torch.Tensor:
+    def decode_clip(self, z: torch.Tensor, on_tiles: Callable[[int], None] | None = None) -> torch.Tensor | None:
         """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
 
         The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many
-        as fit in free GPU memory).
+        as fit in free GPU memory). Under torch.distributed with several ranks, each rank decodes its share
+        of the tiles (`tiling.plan_tile_calls`), the decoded tiles are gathered, and every rank stitches the
+        same frame; with `output_rank` set, only that rank gathers and stitches, the others return None.
         """
         c = self.config
         plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c)
         tiles = torch.cat([z[..., rows, cols] for rows, cols in plan.latent_windows()])
         frames, (tile_h, tile_w) = z.shape[2], plan.latent_tile_shape
-        decoded = tiles.new_empty(tiles.shape[0], c.out_channels, frames * c.patch_size_t, plan.rows.size,
-                                  plan.cols.size, dtype=torch.float32)
-        step = self.tile_batch or self.auto_tile_batch(frames * tile_h * tile_w + c.num_register_tokens + 1)
-        for start in range(0, tiles.shape[0], step):
-            part = tiles[start:start + step]
-            self.decode_tiles(part, decoded[start:start + step])
-            if on_tiles is not None:
-                on_tiles(part.shape[0])
+        tile_shape = (c.out_channels, frames * c.patch_size_t, plan.rows.size, plan.cols.size)
+        rank, ranks = distributed_rank()
+        calls = tiling.plan_tile_calls(tiles.shape[0], self.tile_batch, ranks)
+        mine = calls[rank]
+        first = mine[0][0] if mine else 0
+        local = tiles.new_empty(sum(end - start for start, end in mine), *tile_shape, dtype=torch.float32)
+        tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
+        for start, end in mine:
+            step = self.tile_batch or self.auto_tile_batch(tokens)
+            for part in range(start, end, step):
+                stop = min(part + step, end)
+                self.decode_tiles(tiles[part:stop], local[part - first:stop - first])
+                if on_tiles is not None:
+                    on_tiles(stop - part)
+        decoded = local if ranks == 1 else self._gather_tiles(local, calls, tile_shape)
+        if decoded is None:
+            return None
+        if on_tiles is not None and ranks > 1:
+            on_tiles(tiles.shape[0] - local.shape[0])
         return tiling.stitch(decoded.split(z.shape[0]), plan)
+
+    def _gather_tiles(self, local: torch.Tensor, calls: list[list[tuple[int, int]]], tile_shape: tuple
+                      ) -> torch.Tensor | None:
+        """Every rank's decoded tiles, in tile order, on every rank (or only on `output_rank`)."""
+        import torch.distributed as dist
+
+        counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
+        # Collectives move equal shapes: pad every share to the largest.
+        padded = local.new_zeros(max(counts), *tile_shape)
+        padded[:local.shape[0]] = local
+        if self.output_rank is None:
+            gathered = [torch.empty_like(padded) for _ in counts]
+            dist.all_gather(gathered, padded)
+        elif dist.get_rank() == self.output_rank:
+            gathered = [torch.empty_like(padded) for _ in counts]
+            dist.gather(padded, gathered, dst=self.output_rank)
+        else:
+            dist.gather(padded, None, dst=self.output_rank)
+            return None
+        return torch.cat([part[:count] for part, count in zip(gathered, counts)])
 
     @torch.inference_mode()
     def decode_stream(self, z: torch.Tensor, progress: Callable[[int, int], None] | None = None
@@ -199,6 +233,8 @@ class H3VideoDecoder(nn.Module):
         z: raw (denormalised) latents (B, 24, T, h, w). Each item is (B, 3, f, 16h, 16w) float32 on the
         model's device, in the ImageNet-normalised output space; their concatenation along dim 2 is
         `decode(z)`. progress(done, total) is called as tiles finish (total = tiles x chunks x B).
+        Under torch.distributed (see `decode_clip`), ranks other than `output_rank`, when it is set, yield
+        None for each chunk instead.
         """
         c = self.config
         check_latents(z, c)
@@ -220,6 +256,9 @@ class H3VideoDecoder(nn.Module):
         held = None
         for start in plan.starts:
             clip = self.decode_clip(z[:, :, start:start + plan.window], advance)
+            if clip is None:  # a distributed rank other than output_rank: it only decodes its tiles
+                yield None
+                continue
             body = clip[:, :, body_start:body_end]
             if held is not None:
                 extent = c.frame_overlap
@@ -232,11 +271,22 @@ class H3VideoDecoder(nn.Module):
         if held is not None and remaining > 0:
             yield held[:, :, :remaining]
 
-    def decode(self, z: torch.Tensor, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+    def decode(self, z: torch.Tensor, progress: Callable[[int, int], None] | None = None) -> torch.Tensor | None:
         """Raw (denormalised) latents (B, 24, T, h, w) -> video (B, 3, F, 16h, 16w), float32, in the
         ImageNet-normalised space (see `to_unit_rgb`). F = 1 for T = 1, 5 for T = 2, else 17n + 5 for
-        T = 5n + 2 (tails padded and cut as released)."""
-        return torch.cat(list(self.decode_stream(z, progress)), dim=2)
+        T = 5n + 2 (tails padded and cut as released). Under torch.distributed every rank must call it with
+        the same latents; each gets the whole video, or None on ranks other than `output_rank` when set."""
+        chunks = list(self.decode_stream(z, progress))
+        return None if chunks[0] is None else torch.cat(chunks, dim=2)
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) of the initialised default process group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _attention_backends(names: tuple[str, ...]):

@@ -185,3 +185,26 @@ def chunk_spans(window: int, config: H3DecoderConfig) -> tuple[tuple[int, int], 
     tail_start = min(chunk_frames + config.frame_pre_padding, call_frames)
     return body, (tail_start, min(2 * chunk_frames, call_frames))
 
+
+
+def split_balanced(count: int, parts: int) -> list[tuple[int, int]]:
+    """`count` items in `parts` contiguous ranges whose sizes differ by at most one (the larger first)."""
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + base + (part < extra))
+    return list(zip(bounds, bounds[1:]))
+
+
+def plan_tile_calls(tiles: int, tile_batch: int | None, ranks: int) -> list[list[tuple[int, int]]]:
+    """Which tiles each rank decodes, as a list of decoder calls (start, end) per rank.
+
+    With a tile batch, the tiles are cut into calls of `tile_batch` in order, whatever the number of ranks,
+    and each rank takes a balanced run of consecutive calls: every call, and so every decoded value, is the
+    same as in a single-process decode with that tile batch. Without one, each rank takes one balanced
+    share, to be cut further only if it does not fit in memory.
+    """
+    if tile_batch is None:
+        return [[share] if share[1] > share[0] else [] for share in split_balanced(tiles, ranks)]
+    calls = [(start, min(start + tile_batch, tiles)) for start in range(0, tiles, tile_batch)]
+    return [calls[a:b] for a, b in split_balanced(len(calls), ranks)]

@@ -192,13 +192,65 @@ def check_output(output: Path) -> None:
         raise InputError(f"{output}: is a folder; give a file name")
 
 
+def init_distributed(args: argparse.Namespace):
+    """Under torchrun (WORLD_SIZE > 1): join the process group, NCCL on CUDA (the GPU of LOCAL_RANK), gloo
+    on the CPU. Returns (rank, world size, device)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = args.device != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=10))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def agree(error: InputError | None, ranks: int) -> None:
+    """All ranks learn whether any rank failed its checks, and all raise the first failing rank's error, so
+    none goes on to wait for the others in the decode."""
+    if ranks == 1:
+        if error is not None:
+            raise error
+        return
+    import torch.distributed as dist
+
+    errors = [None] * ranks
+    dist.all_gather_object(errors, None if error is None else str(error))
+    failed = [(rank, text) for rank, text in enumerate(errors) if text is not None]
+    if failed:
+        rank, text = failed[0]
+        raise InputError(f"{text} (rank {rank})")
+
+
 def run(args: argparse.Namespace) -> None:
     import torch
-    from tqdm import tqdm
+
+    rank, ranks, device = init_distributed(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else (0, 1, None)
+    try:
+        error, prepared = None, None
+        try:
+            prepared = prepare(args, device)
+        except InputError as failure:
+            error = failure
+        agree(error, ranks)
+        decode(args, *prepared, rank=rank, ranks=ranks)
+    finally:
+        if ranks > 1:
+            torch.distributed.destroy_process_group()
+
+
+def prepare(args: argparse.Namespace, device):
+    """Check the arguments, read the latents, load the decoder: (decoder, latents z, fps), or InputError."""
+    import torch
 
     from minimax_h3_vae import H3VideoDecoder, denormalize_latents
     from minimax_h3_vae.loading import CheckpointError
-    from minimax_h3_vae.model import to_uint8_frames
 
     check_output(args.output)
     if args.tile_batch is not None and args.tile_batch < 1:
@@ -206,29 +258,43 @@ def run(args: argparse.Namespace) -> None:
     if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):
         raise InputError(f"--fps must be a positive number, got {args.fps}")
     latents, file_fps = read_latents(args.input)
-    fps = args.fps or file_fps or DEFAULT_FPS
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available; use --device cpu")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device or torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         decoder = H3VideoDecoder.from_pretrained(args.model, device=device, dtype=args.dtype,
                                                  fused=False if args.eager else None, tile_batch=args.tile_batch)
     except CheckpointError as error:
         raise InputError(str(error)) from None
-    config = decoder.config
-    if latents.shape[1] != config.latent_channels:
+    if latents.shape[1] != decoder.config.latent_channels:
         raise InputError(f"{args.input}: latents have {latents.shape[1]} channels, the model takes "
-                         f"{config.latent_channels}")
-    z = latents if args.raw_latents else denormalize_latents(latents, config)
-    _, _, frames_in, h, w = z.shape
+                         f"{decoder.config.latent_channels}")
+    z = latents if args.raw_latents else denormalize_latents(latents, decoder.config)
+    return decoder, z, args.fps or file_fps or DEFAULT_FPS
+
+
+def decode(args: argparse.Namespace, decoder, z, fps: float, rank: int, ranks: int) -> None:
+    """Decode and write; with several ranks, each decodes its tiles and rank 0 alone writes the file."""
+    import torch
+    from tqdm import tqdm
+
+    from minimax_h3_vae.model import to_uint8_frames
     from minimax_h3_vae.tiling import plan_chunks
 
+    config, device = decoder.config, decoder.device
+    decoder.output_rank = 0 if ranks > 1 else None
+    _, _, frames_in, h, w = z.shape
     frames_out = plan_chunks(frames_in, config).out_frames
     height, width = h * config.patch_size, w * config.patch_size
+    if rank != 0:
+        for _ in decoder.decode_stream(z.to(device)):
+            pass
+        return
     dtype = "fp16 (release recipe)" if decoder.decoder.compute_dtype == torch.float16 else "fp32"
     path = "fused" if config.fused else "eager"
-    print(f"device {device}, {dtype}, {path} ops; checkpoint {args.model}", file=sys.stderr)
-    print(f"latents {tuple(latents.shape[1:])} -> {frames_out} frames of {width}x{height} at {fps:g} fps",
+    spread = f" x {ranks} ranks" if ranks > 1 else ""
+    print(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}", file=sys.stderr)
+    print(f"latents {tuple(z.shape[1:])} -> {frames_out} frames of {width}x{height} at {fps:g} fps",
           file=sys.stderr)
 
     start = time.perf_counter()

@@ -1,0 +1,50 @@
+"""Run under `torchrun --standalone --nproc_per_node N` by tests/test_distributed.py (gloo, CPU).
+
+    distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
+    distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from minimax_h3_vae import H3VideoDecoder  # noqa: E402
+
+
+def latents() -> torch.Tensor:
+    """3 tiles (464 px wide, 16 px high: an odd count) and 2 temporal chunks."""
+    return torch.randn(1, 24, 8, 1, 29, generator=torch.Generator().manual_seed(5))
+
+
+def decode(checkpoint: str, out_dir: Path) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
+    z = latents()
+    for tile_batch in (1, 2, None):
+        model.tile_batch = tile_batch
+        torch.save(model.decode(z), out_dir / f"rank{rank}_batch{tile_batch}.pt")
+    model.tile_batch, model.output_rank = 1, 1
+    torch.save(model.decode(z), out_dir / f"rank{rank}_output_rank1.pt")
+    dist.destroy_process_group()
+
+
+def cli(checkpoint: str, args: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location("decode_latents", REPO / "tools" / "decode_latents.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rank = int(__import__("os").environ["RANK"])
+    return module.main([*args, "--model", checkpoint if rank == 0 else checkpoint + ".missing"])
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "decode":
+        decode(sys.argv[2], Path(sys.argv[3]))
+    else:
+        sys.exit(cli(sys.argv[2], sys.argv[3:]))

@@ -1,0 +1,132 @@
+"""Tile-parallel decode on torch.distributed: the split, and bitwise equality under torchrun (gloo, CPU)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae.tiling import plan_tile_calls, split_balanced
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny_h3_vae"
+WORKER = Path(__file__).with_name("distributed_worker.py")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from distributed_worker import latents  # noqa: E402
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 28, 29])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8, 40])
+def test_split_balanced(count, parts):
+    ranges = split_balanced(count, parts)
+    assert len(ranges) == parts and ranges[0][0] == 0 and ranges[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), "contiguous, every item once"
+    sizes = [end - start for start, end in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("tiles", [1, 3, 28, 29])
+@pytest.mark.parametrize("ranks", [1, 2, 4, 7, 40])
+@pytest.mark.parametrize("tile_batch", [None, 1, 2, 5])
+def test_tile_calls_cover_every_tile_once(tiles, ranks, tile_batch):
+    plan = plan_tile_calls(tiles, tile_batch, ranks)
+    assert len(plan) == ranks
+    flat = [index for calls in plan for start, end in calls for index in range(start, end)]
+    assert flat == list(range(tiles)), "each tile once, in order"
+    per_rank = [sum(end - start for start, end in calls) for calls in plan]
+    if tile_batch is None:
+        assert max(per_rank) - min(per_rank) <= 1
+    else:
+        assert all(end - start <= tile_batch for calls in plan for start, end in calls)
+        single = [call for calls in plan_tile_calls(tiles, tile_batch, 1) for call in calls]
+        assert [call for calls in plan for call in calls] == single, "the same calls as on one process"
+        calls_per_rank = [len(calls) for calls in plan]
+        assert max(calls_per_rank) - min(calls_per_rank) <= 1, "balanced in decoder calls"
+
+
+@pytest.fixture
+def one_thread():
+    """The ranks run with one thread each (OMP_NUM_THREADS=1); CPU GEMMs split their work by thread count,
+    so the single-process reference must use one thread too to be comparable bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def torchrun(*args, ranks=2, timeout=240):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+               str(WORKER), *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def distributed_outputs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    result = torchrun("decode", TINY, out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("tile_batch", [1, 2])
+def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_thread):
+    """With the same tile batch, every rank returns exactly the single-process output."""
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=tile_batch)
+    expected = model.decode(latents())
+    for rank in (0, 1):
+        out = torch.load(distributed_outputs / f"rank{rank}_batch{tile_batch}.pt")
+        assert torch.equal(out, expected)
+
+
+def test_automatic_batch_matches_single_process(distributed_outputs, one_thread):
+    """Automatic batches: each rank decodes its share (2 and 1 tiles) in one call, the single process all 3
+    in one call, so only the GEMMs' summation order can differ: float32 ulps."""
+    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(latents())
+    outs = [torch.load(distributed_outputs / f"rank{rank}_batchNone.pt") for rank in (0, 1)]
+    assert torch.equal(outs[0], outs[1]), "every rank stitches the same gathered tiles"
+    torch.testing.assert_close(outs[0], expected, atol=1e-5, rtol=0)
+
+
+def test_output_rank_limits_the_output(distributed_outputs):
+    assert torch.load(distributed_outputs / "rank0_output_rank1.pt") is None
+    assert torch.equal(torch.load(distributed_outputs / "rank1_output_rank1.pt"),
+                       torch.load(distributed_outputs / "rank1_batch1.pt"))
+
+
+def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
+    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
+    single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
+    spread.parent.mkdir()
+    args = [tmp_path / "in.safetensors", "--device", "cpu", "--tile-batch", "1"]
+    subprocess.run([sys.executable, REPO / "tools" / "decode_latents.py", args[0], single, "--model", TINY,
+                    *args[1:]], check=True, capture_output=True, cwd=REPO)
+    shared = tmp_path / "model"
+    shutil.copytree(TINY, shared)
+    shutil.copytree(TINY, str(shared) + ".missing")  # rank 1 loads this copy: both ranks succeed
+    result = torchrun("cli", shared, args[0], spread, *args[1:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in spread.parent.iterdir()) == ["out.safetensors"], "one file, from rank 0"
+    assert torch.equal(load_file(str(spread))["video"], load_file(str(single))["video"])
+    assert "x 2 ranks" in result.stderr
+
+
+def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
+    """Rank 1 gets a missing checkpoint: both ranks exit 2 with rank 1's error, nothing is written, no hang."""
+    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.mp4"
+    result = torchrun("cli", TINY, tmp_path / "in.safetensors", out, "--device", "cpu", timeout=120)
+    assert result.returncode != 0
+    # Both ranks print the same line; written at the same moment, the two may share a line of stderr.
+    message = f"error: {TINY}.missing: no such file or folder"
+    assert result.stderr.count(message) == 2, result.stderr[-2000:]
+    assert result.stderr.count("(rank 1)") == 2, "torchrun itself reports the failed ranks after them"
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
