@@ -1,0 +1,104 @@
+"""Tile-parallel decode timing under torchrun, released architecture with random weights, fp16 fused.
+
+    torchrun --standalone --nproc_per_node N benchmarks/bench_distributed.py [--tile-batch 7] [--clip]
+
+Reports, on rank 0: ms per temporal unit at 1344x768 (28 tiles; CUDA events, warm-up, median of 5), peak
+GPU memory per rank, and a SHA-256 of the decoded unit, so runs with different N can be compared bit for
+bit (with the same --tile-batch, the decoder calls are the same for every N). With N = 1 it also times the
+plain path before the process group exists, for the distributed path's overhead at world size 1.
+With --clip, a 10 s clip (72 latent frames) through decode_stream. JSON goes to $OUT/distributed-N.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
+
+
+def random_model(device: torch.device) -> H3VideoDecoder:
+    """Released architecture, random weights as in ../shared/spec/targets.md, the same on every rank."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    with device:
+        model = H3VideoDecoder(H3DecoderConfig(fused=True))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, device=device)
+            if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
+                param.copy_(1.0 + 0.1 * noise.clamp(-1, 1))
+            elif name.endswith(("scale1", "scale2")):
+                param.copy_(0.1 * noise)
+            else:
+                param.copy_(0.02 * noise)
+    return model.to_release_fp16().eval().requires_grad_(False)
+
+
+def time_unit(model: H3VideoDecoder, z: torch.Tensor, repeats: int = 5) -> tuple[float, torch.Tensor]:
+    out = model.decode(z)
+    times = []
+    for _ in range(repeats):
+        if dist.is_initialized():
+            dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = model.decode(z)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tile-batch", type=int)
+    parser.add_argument("--clip", action="store_true")
+    args = parser.parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    model = random_model(device)
+    model.tile_batch = args.tile_batch
+    z = torch.randn(1, 24, 7, 48, 84, device=device, generator=torch.Generator(device).manual_seed(1))
+    result = {"world_size": world, "tile_batch": args.tile_batch, "card": torch.cuda.get_device_name(),
+              "torch": torch.__version__}
+    if world == 1:
+        result["plain_ms_per_unit"], plain = time_unit(model, z)
+    dist.init_process_group("nccl", device_id=device)
+    torch.cuda.reset_peak_memory_stats()
+    result["distributed_ms_per_unit"], out = time_unit(model, z)
+    result["sha256"] = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()
+    if world == 1:
+        result["plain_equals_distributed"] = bool(torch.equal(plain, out))
+        result["overhead_percent"] = 100 * (result["distributed_ms_per_unit"] / result["plain_ms_per_unit"] - 1)
+    if args.clip:
+        clip = torch.randn(1, 24, 72, 48, 84, device=device, generator=torch.Generator(device).manual_seed(2))
+        dist.barrier()
+        start = time.perf_counter()
+        frames = sum(chunk.shape[2] for chunk in model.decode_stream(clip))
+        torch.cuda.synchronize()
+        result["clip_seconds"], result["clip_frames"] = time.perf_counter() - start, frames
+    peaks = [None] * world
+    dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(device) / 2**30)
+    result["peak_gib_per_rank"] = peaks
+    if dist.get_rank() == 0:
+        print(json.dumps(result), flush=True)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], f"distributed-{world}.json").write_text(json.dumps(result, indent=2))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
