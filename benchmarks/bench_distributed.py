@@ -64,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tile-batch", type=int)
     parser.add_argument("--clip", action="store_true")
+    parser.add_argument("--write-checkpoint", help="rank 0 also writes the weights here (ComfyUI fp16 layout)")
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -94,6 +95,11 @@ def main() -> None:
     dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(device) / 2**30)
     result["peak_gib_per_rank"] = peaks
     if dist.get_rank() == 0:
+        if args.write_checkpoint:
+            from safetensors.torch import save_file
+
+            save_file({k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu()
+                       for k, v in model.state_dict().items()}, args.write_checkpoint)
         print(json.dumps(result), flush=True)
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], f"distributed-{world}.json").write_text(json.dumps(result, indent=2))
