@@ -203,7 +203,6 @@ def main() -> None:
         info["results"]["fused vs eager fp16"] = errors(outputs["ours fused fp16"], outputs["ours eager fp16"])
         info["results"]["graph vs fused"] = errors(outputs["ours fused fp16 + CUDA graph"],
                                                    outputs["ours fused fp16"])
-    fp16.cuda_graphs = False
         from minimax_h3_vae import fused
         info["results"]["fused launch counts"] = fused.launch_counts()
     info["results"]["variants"] = rows
