@@ -164,16 +164,15 @@ def main() -> None:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
             return vae.decode(z).sample
 
-    def ours(fused: bool, graphs: bool = False):
+    def ours(fused: bool):
         def run():
             fp16.config = fp16.config.replace(fused=fused)
-            fp16.cuda_graphs = graphs
             return fp16.decode(z)
         return run
 
     variants = [("diffusers fp16 autocast", diffusers_autocast), ("ours eager fp16", ours(False))]
     if _fused_available():
-        variants += [("ours fused fp16", ours(True)), ("ours fused fp16 + CUDA graph", ours(True, True))]
+        variants.append(("ours fused fp16", ours(True)))
     outputs = {}
     for name, fn in variants:
         repeats = 1 if (name.startswith("diffusers") and args.skip_diffusers_timing) else args.repeats
@@ -187,7 +186,6 @@ def main() -> None:
     floor = {}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         def eager_with_backend():
-            fp16.cuda_graphs = False
             fp16.attention_backends = (backend.name,)
             fp16.config = fp16.config.replace(fused=False)
             return fp16.decode(z)
@@ -201,8 +199,6 @@ def main() -> None:
         f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1:]}
     if "ours fused fp16" in outputs:
         info["results"]["fused vs eager fp16"] = errors(outputs["ours fused fp16"], outputs["ours eager fp16"])
-        info["results"]["graph vs fused"] = errors(outputs["ours fused fp16 + CUDA graph"],
-                                                   outputs["ours fused fp16"])
         from minimax_h3_vae import fused
         info["results"]["fused launch counts"] = fused.launch_counts()
     info["results"]["variants"] = rows
@@ -211,10 +207,6 @@ def main() -> None:
     torch.cuda.empty_cache()
     info["results"]["10 s clip (72 latent frames, 243 frames), streaming, fused fp16"] = {
         str(batch): stream_clip(fp16, batch) for batch in (None, 1)}
-    fp16.cuda_graphs = True
-    info["results"]["10 s clip, streaming, fused fp16 + CUDA graphs"] = {"None": stream_clip(fp16, None)}
-    fp16.cuda_graphs = False
-    fp16._graphs.clear()
     if args.write_checkpoint:
         write_comfyui_checkpoint(fp16, Path(args.write_checkpoint))
 

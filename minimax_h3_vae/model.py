@@ -99,8 +99,6 @@ class H3VideoDecoder(nn.Module):
         self.tile_batch: int | None = None  # tiles per decoder call; None: as many as fit in free GPU memory
         self.attention_backends = ATTENTION_BACKENDS
         self.output_rank: int | None = None  # under torch.distributed: the one rank that gets the output
-        self.cuda_graphs = False  # replay the ViT as CUDA graphs, one per tile-batch shape (see _replay)
-        self._graphs: dict[tuple, tuple] = {}
 
     @classmethod
     def from_pretrained(
@@ -159,28 +157,8 @@ class H3VideoDecoder(nn.Module):
     def decode_tiles(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32."""
         z = F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
-        if self.cuda_graphs and z.is_cuda:
-            return self._replay(z, out)
         with _attention_backends(self.attention_backends):
             return self.decoder(z, self.ops(), out)
-
-    def _replay(self, z: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        """The ViT over these tiles as a CUDA graph, captured once per tile-batch shape: the same kernels as
-        the direct call, without the host's launch gaps between them. Each graph keeps its activations."""
-        key = (tuple(z.shape), z.device, self.config.fused, self.decoder.compute_dtype, self.attention_backends)
-        if key not in self._graphs:
-            static_in = z.clone()
-            with _attention_backends(self.attention_backends):
-                static_out = self.decoder(static_in, self.ops())  # warm-up: compiles kernels, fills caches
-            torch.cuda.synchronize(z.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), _attention_backends(self.attention_backends):
-                self.decoder(static_in, self.ops(), static_out)
-            self._graphs[key] = (graph, static_in, static_out)
-        graph, static_in, static_out = self._graphs[key]
-        static_in.copy_(z)
-        graph.replay()
-        return static_out.clone() if out is None else out.copy_(static_out)
 
     def auto_tile_batch(self, tile_tokens: int) -> int:
         """Tiles per decoder call that fit in 80% of the free GPU memory (all of them on the CPU)."""
