@@ -317,14 +317,16 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
 
 def resolve_fused(fused: bool | None, device: torch.device) -> bool:
     """Explicit argument, else MINIMAX_H3_VAE_FUSED=0|1, else on for CUDA when Triton is importable."""
-    if fused is not None:
-        return bool(fused)
-    env = os.environ.get("MINIMAX_H3_VAE_FUSED", "").strip()
-    if env:
-        if env not in ("0", "1"):
+    has_triton = importlib.util.find_spec("triton") is not None
+    if fused is None:
+        env = os.environ.get("MINIMAX_H3_VAE_FUSED", "").strip()
+        if env and env not in ("0", "1"):
             raise ValueError(f"MINIMAX_H3_VAE_FUSED={env!r}: set it to 0 or 1")
-        return env == "1"
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+        fused = env == "1" if env else device.type == "cuda" and has_triton
+    if fused and not has_triton:
+        raise ValueError("the fused path needs Triton (pip install triton); or ask for the eager path with "
+                         "fused=False / MINIMAX_H3_VAE_FUSED=0")
+    return bool(fused)
 
 
 def check_latents(z: torch.Tensor, config: H3DecoderConfig) -> None:

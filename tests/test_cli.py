@@ -471,3 +471,12 @@ def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
     assert_one_error_line(err)
     assert "disk full" in err
     assert tree(tmp_path / "out") == set()
+
+
+def test_bad_fused_setting_is_bad_input(cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "yes")
+    latents = write_latents(tmp_path / "in.safetensors", small_latents())
+    code, err = run_cli(cli, capsys, latents, tmp_path / "out.mp4", "--model", TINY)
+    assert code == 2
+    assert_one_error_line(err)
+    assert "MINIMAX_H3_VAE_FUSED" in err and tree(tmp_path) == {"in.safetensors"}

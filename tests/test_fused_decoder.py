@@ -61,3 +61,13 @@ def test_environment_selects_fused(layouts, monkeypatch):
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
     assert H3VideoDecoder.from_pretrained(layouts["original"], device="cpu").config.fused is False
 
+
+
+def test_fused_without_triton_is_a_clear_error(layouts, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    with pytest.raises(ValueError, match="needs Triton"):
+        H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", fused=True)
+    assert H3VideoDecoder.from_pretrained(layouts["original"], device="cpu").config.fused is False

@@ -264,7 +264,7 @@ def prepare(args: argparse.Namespace, device):
     try:
         decoder = H3VideoDecoder.from_pretrained(args.model, device=device, dtype=args.dtype,
                                                  fused=False if args.eager else None, tile_batch=args.tile_batch)
-    except CheckpointError as error:
+    except (CheckpointError, ValueError) as error:  # ValueError: a setting, e.g. MINIMAX_H3_VAE_FUSED=yes
         raise InputError(str(error)) from None
     if latents.shape[1] != decoder.config.latent_channels:
         raise InputError(f"{args.input}: latents have {latents.shape[1]} channels, the model takes "
