@@ -261,6 +261,8 @@ def prepare(args: argparse.Namespace, device):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available; use --device cpu")
     device = device or torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"loading {args.model} onto {device} ...", file=sys.stderr, flush=True)
     try:
         decoder = H3VideoDecoder.from_pretrained(args.model, device=device, dtype=args.dtype,
                                                  fused=False if args.eager else None, tile_batch=args.tile_batch)
