@@ -99,9 +99,11 @@ def example_frames(tiny_model) -> torch.Tensor:
 def test_example_to_mp4_subprocess(tmp_path, example_frames):
     """The one real run of the script: exit code, stderr and the mp4 it writes."""
     out = tmp_path / "video.mp4"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "PYTHONPATH": ""}
-    result = subprocess.run([sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY)],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    # The script must find the package by itself: the repo is taken off PYTHONPATH (other entries stay).
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "PYTHONPATH": os.pathsep.join(path)}
+    result = subprocess.run([sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY),
+                             "--device", "cpu"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error:" not in result.stderr
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
