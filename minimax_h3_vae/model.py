@@ -187,9 +187,10 @@ class H3VideoDecoder(nn.Module):
         tile_shape = (c.out_channels, frames * c.patch_size_t, plan.rows.size, plan.cols.size)
         rank, ranks = distributed_rank()
         calls = tiling.plan_tile_calls(tiles.shape[0], self.tile_batch, ranks)
+        counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
         mine = calls[rank]
         first = mine[0][0] if mine else 0
-        local = tiles.new_empty(sum(end - start for start, end in mine), *tile_shape, dtype=torch.float32)
+        local = tiles.new_empty(counts[rank], *tile_shape, dtype=torch.float32)
         tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
         for start, end in mine:
             step = self.tile_batch or self.auto_tile_batch(tokens)
@@ -198,21 +199,20 @@ class H3VideoDecoder(nn.Module):
                 self.decode_tiles(tiles[part:stop], local[part - first:stop - first])
                 if on_tiles is not None:
                     on_tiles(stop - part)
-        decoded = local if ranks == 1 else self._gather_tiles(local, calls, tile_shape)
+        decoded = local if ranks == 1 else self._gather_tiles(local, counts)
         if decoded is None:
             return None
         if on_tiles is not None and ranks > 1:
             on_tiles(tiles.shape[0] - local.shape[0])
         return tiling.stitch(decoded.split(z.shape[0]), plan)
 
-    def _gather_tiles(self, local: torch.Tensor, calls: list[list[tuple[int, int]]], tile_shape: tuple
-                      ) -> torch.Tensor | None:
-        """Every rank's decoded tiles, in tile order, on every rank (or only on `output_rank`)."""
+    def _gather_tiles(self, local: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+        """Every rank's decoded tiles (rank r holds counts[r]), in tile order, on every rank (or only on
+        `output_rank`)."""
         import torch.distributed as dist
 
-        counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
         # Collectives move equal shapes: pad every share to the largest.
-        padded = local.new_zeros(max(counts), *tile_shape)
+        padded = local.new_zeros(max(counts), *local.shape[1:])
         padded[:local.shape[0]] = local
         if self.output_rank is None:
             gathered = [torch.empty_like(padded) for _ in counts]
@@ -237,7 +237,7 @@ class H3VideoDecoder(nn.Module):
         None for each chunk instead.
         """
         c = self.config
-        check_latents(z, c)
+        check_latents(z, c.latent_channels)
         z = z.to(self.device)
         plan = tiling.plan_chunks(z.shape[2], c)
         if plan.padded_frames > z.shape[2]:
@@ -329,15 +329,19 @@ def resolve_fused(fused: bool | None, device: torch.device) -> bool:
     return bool(fused)
 
 
-def check_latents(z: torch.Tensor, config: H3DecoderConfig) -> None:
-    """Raise ValueError naming the problem for latents the decoder cannot take."""
+def check_latents(z: torch.Tensor, channels: int | None) -> None:
+    """Raise ValueError naming the problem for latents the decoder cannot take.
+
+    z: (B, C, T, h, w); `channels`: the decoder's C, or None to leave the channel count unchecked.
+    """
+    layout = f"(B, {channels or 'C'}, T, h, w)"
     if not isinstance(z, torch.Tensor):
         raise ValueError(f"latents must be a torch.Tensor, got {type(z).__name__}")
     if z.ndim != 5:
-        raise ValueError(f"latents must be (B, {config.latent_channels}, T, h, w), got shape {tuple(z.shape)}")
-    if z.shape[1] != config.latent_channels:
-        raise ValueError(f"latents have {z.shape[1]} channels, the decoder takes {config.latent_channels} "
-                         f"(shape {tuple(z.shape)}; expected (B, {config.latent_channels}, T, h, w))")
+        raise ValueError(f"latents must be {layout}, got shape {tuple(z.shape)}")
+    if channels is not None and z.shape[1] != channels:
+        raise ValueError(f"latents have {z.shape[1]} channels, the decoder takes {channels} "
+                         f"(shape {tuple(z.shape)}; expected {layout})")
     if min(z.shape) == 0:
         raise ValueError(f"latents are empty: shape {tuple(z.shape)}")
     if not z.is_floating_point():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -44,3 +45,19 @@ def layouts(release_repo) -> dict[str, Path]:
         "diffusers": release_repo / "vae",
         "comfyui": release_repo / "comfyui" / "minimax_h3_video_vae_fp16.safetensors",
     }
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test; the hub client is put offline too (huggingface_hub
+    reads HF_HUB_OFFLINE once, at import, so its constant is patched as well)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

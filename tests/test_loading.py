@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -72,21 +71,6 @@ def rewrite_tensors(path: Path, edit) -> None:
 def shard_of(folder: Path, key: str) -> Path:
     index = json.loads((folder / loading.DIFFUSERS_INDEX).read_text())
     return folder / index["weight_map"][key]
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Any attempt to open a connection fails the test; the hub client is put offline too."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to reach the network")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 # ---- every layout loads, to the same weights ---------------------------------------------------------

@@ -49,8 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def read_latents(path: Path):
     """(latents (1, C, T, h, w) float32, fps from the metadata or None) from a .safetensors file."""
-    import torch
     from safetensors import safe_open
+
+    from minimax_h3_vae.model import check_latents
 
     if not path.is_file():
         raise InputError(f"{path}: no such file")
@@ -74,12 +75,10 @@ def read_latents(path: Path):
     if latents.ndim != 5 or latents.shape[0] != 1:
         raise InputError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got "
                          f"{tuple(latents.shape)}")
-    if latents.numel() == 0:
-        raise InputError(f"{path}: latents are empty, shape {tuple(latents.shape)}")
-    if not latents.is_floating_point():
-        raise InputError(f"{path}: latents must be floating point, got {latents.dtype}")
-    if not torch.isfinite(latents).all():
-        raise InputError(f"{path}: latents contain NaN or Inf")
+    try:  # the decoder's own checks, before the (long) checkpoint load; channels once the model is known
+        check_latents(latents, channels=None)
+    except ValueError as error:
+        raise InputError(f"{path}: {error}") from None
     fps = None
     if "fps" in metadata:
         try:
@@ -175,10 +174,15 @@ class BackgroundWriter:
             raise self.error
         self.queue.put(frames)
 
+    def stop(self) -> None:
+        """Let the thread write what is queued and end."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+
     def close(self) -> None:
         """Wait for every queued chunk to be written; raise the writer's error, if any."""
-        self.queue.put(None)
-        self.thread.join()
+        self.stop()
         if self.error is not None:
             raise self.error
 
@@ -314,9 +318,8 @@ def decode(args: argparse.Namespace, decoder, z, fps: float, rank: int, ranks: i
         writer.close()
         sink.commit()
     except BaseException:
-        if writer is not None and writer.thread.is_alive():
-            writer.queue.put(None)
-            writer.thread.join()
+        if writer is not None:
+            writer.stop()
         if sink is not None:
             sink.discard()
         raise
