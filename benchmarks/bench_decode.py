@@ -30,7 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_clocks import ClockSampler  # noqa: E402
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
 from minimax_h3_vae.config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD  # noqa: E402
 from minimax_h3_vae.model import ATTENTION_BACKENDS  # noqa: E402
@@ -70,22 +72,24 @@ def ours_from(vae) -> H3VideoDecoder:
     return model.eval().requires_grad_(False)
 
 
-def timed(fn, repeats: int) -> tuple[float, float, torch.Tensor]:
-    """(median ms, peak bytes allocated above the start, last output) after one warm-up call."""
+def timed(fn, repeats: int) -> tuple[float, float, torch.Tensor, dict]:
+    """(median ms, peak bytes allocated above the start, last output, SM clock and power while timing) after
+    one warm-up call."""
     out = fn()
     torch.cuda.synchronize()
     del out
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated() - base, out
+    with ClockSampler() as clocks:
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times), torch.cuda.max_memory_allocated() - base, out, clocks.summary
 
 
 def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
@@ -98,13 +102,14 @@ def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
     model.config = model.config.replace(fused=_fused_available())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    frames = sum(to_uint8_frames(chunk).cpu().shape[0] for chunk in model.decode_stream(z))
-    seconds = time.perf_counter() - start
+    with ClockSampler() as clocks:
+        start = time.perf_counter()
+        frames = sum(to_uint8_frames(chunk).cpu().shape[0] for chunk in model.decode_stream(z))
+        seconds = time.perf_counter() - start
     model.tile_batch = None
     row = {"frames": frames, "seconds": seconds, "ms_per_unit": 1000 * seconds / 14,
            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, **clocks.summary}
     print("clip, tile_batch", tile_batch, row, flush=True)
     return row
 
@@ -176,9 +181,10 @@ def main() -> None:
     outputs = {}
     for name, fn in variants:
         repeats = 1 if (name.startswith("diffusers") and args.skip_diffusers_timing) else args.repeats
-        ms, peak, out = timed(fn, repeats)
+        ms, peak, out, clocks = timed(fn, repeats)
         outputs[name] = out
-        rows[name] = {"ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(out, reference)}
+        rows[name] = {"ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(out, reference),
+                      **clocks}
         print(name, rows[name], flush=True)
 
     from torch.nn.attention import SDPBackend
@@ -189,9 +195,10 @@ def main() -> None:
             fp16.attention_backends = (backend.name,)
             fp16.config = fp16.config.replace(fused=False)
             return fp16.decode(z)
-        ms, peak, floor[backend.name] = timed(eager_with_backend, args.repeats)
+        ms, peak, floor[backend.name], clocks = timed(eager_with_backend, args.repeats)
         rows[f"ours eager fp16 {backend.name.lower()}"] = {
-            "ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(floor[backend.name], reference)}
+            "ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(floor[backend.name], reference),
+            **clocks}
         print(backend.name, rows[f"ours eager fp16 {backend.name.lower()}"], flush=True)
     fp16.attention_backends = ATTENTION_BACKENDS
     names = list(floor)
@@ -224,10 +231,12 @@ def main() -> None:
     print(json.dumps(info["results"], indent=1))
     print_bounds(info["results"])
     base = rows["diffusers fp16 autocast"]["ms_per_unit"]
-    print(f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9}")
+    print(f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9} "
+          f"{'SM MHz':>7} {'watts':>6}")
     for name, row in rows.items():
         print(f"{name:28} {row['ms_per_unit']:9.1f} {base / row['ms_per_unit']:7.2f}x "
-              f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e}")
+              f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e} "
+              f"{row.get('median_sm_mhz', float('nan')):7.0f} {row.get('median_power_w', float('nan')):6.0f}")
 
 
 def print_bounds(results: dict) -> None:
