@@ -21,75 +21,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import (  # noqa: E402
+    CLIP_SHAPE,
+    UNIT_SHAPE,
+    ours_from,
+    random_latents,
+    random_released_vae,
+    timed,
+)
 from gpu_clocks import ClockSampler  # noqa: E402
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
-from minimax_h3_vae.config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD  # noqa: E402
-from minimax_h3_vae.model import ATTENTION_BACKENDS  # noqa: E402
 
-UNIT_SHAPE = (1, 24, 7, 48, 84)  # one temporal unit at 1344x768
-
-
-def random_released_vae(seed: int):
-    """diffusers' model at the released size, random weights as in ../shared/spec/targets.md."""
-    from diffusers import AutoencoderKLMiniMaxH3
-
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        vae = AutoencoderKLMiniMaxH3(latents_mean=RELEASED_LATENTS_MEAN, latents_std=RELEASED_LATENTS_STD)
-    with torch.no_grad():
-        for name, param in vae.named_parameters():
-            if not name.startswith(("decoder.", "post_quant_conv.")):
-                continue
-            if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
-                param.copy_(1.0 + 0.1 * (2 * torch.rand_like(param) - 1))
-            elif name.endswith(("scale1", "scale2")):
-                param.normal_(0.0, 0.1)
-            else:
-                param.normal_(0.0, 0.02)
-    return vae.eval().requires_grad_(False)
-
-
-def ours_from(vae) -> H3VideoDecoder:
-    """Our decoder holding the oracle's weights, converted by the tests' independent key mapping."""
-    from checkpoints import original_state_dict
-
-    with torch.device("meta"):
-        model = H3VideoDecoder(H3DecoderConfig())
-    wanted = model.state_dict().keys()
-    state = {k: v.clone() for k, v in original_state_dict(vae).items() if k in wanted}
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
-
-
-def timed(fn, repeats: int) -> tuple[float, float, torch.Tensor, dict]:
-    """(median ms, peak bytes allocated above the start, last output, SM clock and power while timing) after
-    one warm-up call."""
-    out = fn()
-    torch.cuda.synchronize()
-    del out
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    with ClockSampler() as clocks:
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated() - base, out, clocks.summary
+from minimax_h3_vae import H3VideoDecoder  # noqa: E402
+from minimax_h3_vae.runtime import ATTENTION_BACKENDS  # noqa: E402
 
 
 def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
@@ -97,9 +48,9 @@ def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
     (weights included: the process holds only this fp16 model now)."""
     from minimax_h3_vae import to_uint8_frames
 
-    z = torch.randn(1, 24, 72, 48, 84, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    z = torch.randn(CLIP_SHAPE, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
     model.tile_batch = tile_batch
-    model.config = model.config.replace(fused=_fused_available())
+    model.runtime.fused = _fused_available()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with ClockSampler() as clocks:
@@ -107,9 +58,14 @@ def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
         frames = sum(to_uint8_frames(chunk).cpu().shape[0] for chunk in model.decode_stream(z))
         seconds = time.perf_counter() - start
     model.tile_batch = None
-    row = {"frames": frames, "seconds": seconds, "ms_per_unit": 1000 * seconds / 14,
-           "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, **clocks.summary}
+    row = {
+        "frames": frames,
+        "seconds": seconds,
+        "ms_per_unit": 1000 * seconds / 14,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        **clocks.summary,
+    }
     print("clip, tile_batch", tile_batch, row, flush=True)
     return row
 
@@ -140,27 +96,28 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     import triton
 
-    info = {"commit": args.commit, "card": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "shape": list(UNIT_SHAPE), "results": {}}
+    info = {
+        "commit": args.commit,
+        "card": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "shape": list(UNIT_SHAPE),
+        "results": {},
+    }
     print(f"{info['card']}  torch {info['torch']}  triton {info['triton']}  commit {args.commit}", flush=True)
 
     vae = random_released_vae(seed=0)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    mean = torch.tensor(RELEASED_LATENTS_MEAN, device="cuda").view(1, 24, 1, 1, 1)
-    std = torch.tensor(RELEASED_LATENTS_STD, device="cuda").view(1, 24, 1, 1, 1)
-    z = torch.randn(UNIT_SHAPE, device="cuda", generator=generator) * std + mean
+    z = random_latents(UNIT_SHAPE, seed=1)
 
     fp32 = ours_from(vae)
-    fp32.config = fp32.config.replace(fused=False)
     reference = fp32.decode(z)
     with torch.no_grad():
         diffusers_fp32 = vae.decode(z).sample
     info["results"]["diffusers fp32 vs ours fp32"] = errors(diffusers_fp32, reference)
-    print("reference std", reference.std().item(), "parity", info["results"]["diffusers fp32 vs ours fp32"],
-          flush=True)
+    print("reference std", reference.std().item(), "parity", info["results"]["diffusers fp32 vs ours fp32"], flush=True)
     del diffusers_fp32
 
-    fp16 = ours_from(vae).to_release_fp16()
+    fp16 = ours_from(vae, "fp16")
     del fp32
     torch.cuda.empty_cache()
     rows = {}
@@ -171,8 +128,9 @@ def main() -> None:
 
     def ours(fused: bool):
         def run():
-            fp16.config = fp16.config.replace(fused=fused)
+            fp16.runtime.fused = fused
             return fp16.decode(z)
+
         return run
 
     variants = [("diffusers fp16 autocast", diffusers_autocast), ("ours eager fp16", ours(False))]
@@ -181,44 +139,57 @@ def main() -> None:
     outputs = {}
     for name, fn in variants:
         repeats = 1 if (name.startswith("diffusers") and args.skip_diffusers_timing) else args.repeats
-        ms, peak, out, clocks = timed(fn, repeats)
-        outputs[name] = out
-        rows[name] = {"ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(out, reference),
-                      **clocks}
+        t = timed(fn, repeats)
+        outputs[name] = t.out
+        rows[name] = {
+            "ms_per_unit": t.ms,
+            "peak_gib_above_weights": t.peak_bytes / 2**30,
+            **errors(t.out, reference),
+            **t.clocks,
+        }
         print(name, rows[name], flush=True)
 
     from torch.nn.attention import SDPBackend
 
     floor = {}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        def eager_with_backend():
-            fp16.attention_backends = (backend.name,)
-            fp16.config = fp16.config.replace(fused=False)
+
+        def eager_with_backend(backend=backend):
+            fp16.runtime.attention_backends = (backend.name,)
+            fp16.runtime.fused = False
             return fp16.decode(z)
-        ms, peak, floor[backend.name], clocks = timed(eager_with_backend, args.repeats)
+
+        t = timed(eager_with_backend, args.repeats)
+        floor[backend.name] = t.out
         rows[f"ours eager fp16 {backend.name.lower()}"] = {
-            "ms_per_unit": ms, "peak_gib_above_weights": peak / 2**30, **errors(floor[backend.name], reference),
-            **clocks}
+            "ms_per_unit": t.ms,
+            "peak_gib_above_weights": t.peak_bytes / 2**30,
+            **errors(floor[backend.name], reference),
+            **t.clocks,
+        }
         print(backend.name, rows[f"ours eager fp16 {backend.name.lower()}"], flush=True)
-    fp16.attention_backends = ATTENTION_BACKENDS
+    fp16.runtime.attention_backends = ATTENTION_BACKENDS
     names = list(floor)
     info["results"]["noise floor (eager fp16, attention backends)"] = {
-        f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1:]}
+        f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1 :]
+    }
     if "ours fused fp16" in outputs:
         info["results"]["fused vs eager fp16"] = errors(outputs["ours fused fp16"], outputs["ours eager fp16"])
         from minimax_h3_vae import fused
+
         info["results"]["fused launch counts"] = fused.launch_counts()
     info["results"]["variants"] = rows
 
-    del vae, outputs, floor, reference
+    vae = outputs = floor = reference = None  # free the GPU memory before the clip
     torch.cuda.empty_cache()
     info["results"]["10 s clip (72 latent frames, 243 frames), streaming, fused fp16"] = {
-        str(batch): stream_clip(fp16, batch) for batch in (None, 1)}
+        str(batch): stream_clip(fp16, batch) for batch in (None, 1)
+    }
     if args.write_checkpoint:
         write_comfyui_checkpoint(fp16, Path(args.write_checkpoint))
 
     if args.profile:
-        fp16.config = fp16.config.replace(fused=_fused_available())
+        fp16.runtime.fused = _fused_available()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fp16.decode(z)
             torch.cuda.synchronize()
@@ -231,29 +202,42 @@ def main() -> None:
     print(json.dumps(info["results"], indent=1))
     print_bounds(info["results"])
     base = rows["diffusers fp16 autocast"]["ms_per_unit"]
-    print(f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9} "
-          f"{'SM MHz':>7} {'watts':>6}")
+    print(
+        f"\n{'variant':28} {'ms/unit':>9} {'speedup':>8} {'peak GiB':>9} {'max abs':>9} {'mean abs':>9} "
+        f"{'SM MHz':>7} {'watts':>6}"
+    )
     for name, row in rows.items():
-        print(f"{name:28} {row['ms_per_unit']:9.1f} {base / row['ms_per_unit']:7.2f}x "
-              f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e} "
-              f"{row.get('median_sm_mhz', float('nan')):7.0f} {row.get('median_power_w', float('nan')):6.0f}")
+        print(
+            f"{name:28} {row['ms_per_unit']:9.1f} {base / row['ms_per_unit']:7.2f}x "
+            f"{row['peak_gib_above_weights']:9.2f} {row['max_abs']:9.2e} {row['mean_abs']:9.2e} "
+            f"{row.get('median_sm_mhz', float('nan')):7.0f} {row.get('median_power_w', float('nan')):6.0f}"
+        )
 
 
 def print_bounds(results: dict) -> None:
     """The accuracy bounds of the issues, checked on this run's numbers."""
     rows = results["variants"]
     eager, theirs = rows["ours eager fp16"], rows["diffusers fp16 autocast"]
-    checks = [("eager fp16 error <= diffusers fp16 autocast error (max, mean)",
-               eager["max_abs"] <= theirs["max_abs"] and eager["mean_abs"] <= theirs["mean_abs"])]
+    checks = [
+        (
+            "eager fp16 error <= diffusers fp16 autocast error (max, mean)",
+            eager["max_abs"] <= theirs["max_abs"] and eager["mean_abs"] <= theirs["mean_abs"],
+        )
+    ]
     if "ours fused fp16" in rows:
         fused = rows["ours fused fp16"]
         floor = results["noise floor (eager fp16, attention backends)"]["FLASH_ATTENTION vs CUDNN_ATTENTION"]
         checks += [
-            ("fused fp16 error <= 1.1 x eager fp16 error (max, mean)",
-             fused["max_abs"] <= 1.1 * eager["max_abs"] and fused["mean_abs"] <= 1.1 * eager["mean_abs"]),
-            (f"fused vs eager max abs {results['fused vs eager fp16']['max_abs']:.2e} <= noise floor "
-             f"{floor['max_abs']:.2e} (eager cuDNN vs flash)",
-             results["fused vs eager fp16"]["max_abs"] <= floor["max_abs"])]
+            (
+                "fused fp16 error <= 1.1 x eager fp16 error (max, mean)",
+                fused["max_abs"] <= 1.1 * eager["max_abs"] and fused["mean_abs"] <= 1.1 * eager["mean_abs"],
+            ),
+            (
+                f"fused vs eager max abs {results['fused vs eager fp16']['max_abs']:.2e} <= noise floor "
+                f"{floor['max_abs']:.2e} (eager cuDNN vs flash)",
+                results["fused vs eager fp16"]["max_abs"] <= floor["max_abs"],
+            ),
+        ]
     for text, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {text}")
 

@@ -15,7 +15,6 @@ import argparse
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,41 +22,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
-
-
-def random_model(device: torch.device) -> H3VideoDecoder:
-    """Released architecture, random weights as in ../shared/spec/targets.md, the same on every rank."""
-    generator = torch.Generator(device=device).manual_seed(0)
-    with device:
-        model = H3VideoDecoder(H3DecoderConfig(fused=True))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator, device=device)
-            if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
-                param.copy_(1.0 + 0.1 * noise.clamp(-1, 1))
-            elif name.endswith(("scale1", "scale2")):
-                param.copy_(0.1 * noise)
-            else:
-                param.copy_(0.02 * noise)
-    return model.to_release_fp16().eval().requires_grad_(False)
+from common import UNIT_SHAPE, random_released_decoder, timed  # noqa: E402
 
 
-def time_unit(model: H3VideoDecoder, z: torch.Tensor, repeats: int = 5) -> tuple[float, torch.Tensor]:
-    out = model.decode(z)
-    times = []
-    for _ in range(repeats):
-        if dist.is_initialized():
-            dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = model.decode(z)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+def time_unit(model, z: torch.Tensor, repeats: int = 5) -> tuple[float, torch.Tensor]:
+    """Median CUDA-event ms of one decode, the ranks lined up by a barrier before each call."""
+    t = timed(lambda: model.decode(z), repeats, before_each=dist.barrier if dist.is_initialized() else None)
+    return t.ms, t.out
 
 
 def main() -> None:
@@ -70,11 +43,16 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    model = random_model(device)
+    model = random_released_decoder(device)
+    model.runtime.fused = True
     model.tile_batch = args.tile_batch
-    z = torch.randn(1, 24, 7, 48, 84, device=device, generator=torch.Generator(device).manual_seed(1))
-    result = {"world_size": world, "tile_batch": args.tile_batch, "card": torch.cuda.get_device_name(),
-              "torch": torch.__version__}
+    z = torch.randn(UNIT_SHAPE, device=device, generator=torch.Generator(device).manual_seed(1))
+    result = {
+        "world_size": world,
+        "tile_batch": args.tile_batch,
+        "card": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+    }
     if world == 1:
         result["plain_ms_per_unit"], plain = time_unit(model, z)
     dist.init_process_group("nccl", device_id=device)
@@ -98,8 +76,10 @@ def main() -> None:
         if args.write_checkpoint:
             from safetensors.torch import save_file
 
-            save_file({k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu()
-                       for k, v in model.state_dict().items()}, args.write_checkpoint)
+            save_file(
+                {k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu() for k, v in model.state_dict().items()},
+                args.write_checkpoint,
+            )
         print(json.dumps(result), flush=True)
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], f"distributed-{world}.json").write_text(json.dumps(result, indent=2))

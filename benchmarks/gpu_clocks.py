@@ -21,7 +21,10 @@ class ClockSampler:
         if shutil.which("nvidia-smi"):
             self.process = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -37,6 +40,9 @@ class ClockSampler:
                 continue
         busy = [s for s in samples if s[1] > 200] or samples
         if busy:
-            self.summary = {"clock_samples": len(busy), "median_sm_mhz": statistics.median(s[0] for s in busy),
-                            "min_sm_mhz": min(s[0] for s in busy),
-                            "median_power_w": statistics.median(s[1] for s in busy)}
+            self.summary = {
+                "clock_samples": len(busy),
+                "median_sm_mhz": statistics.median(s[0] for s in busy),
+                "min_sm_mhz": min(s[0] for s in busy),
+                "median_power_w": statistics.median(s[1] for s in busy),
+            }

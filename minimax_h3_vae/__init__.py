@@ -1,7 +1,10 @@
 """Standalone, exact and fast decoder for MiniMax-H3 video latents."""
 
 from .config import H3DecoderConfig
-from .model import H3VideoDecoder, denormalize_latents, to_uint8_frames, to_unit_rgb
+from .frames import to_uint8_frames, to_unit_rgb
+from .latents import denormalize_latents
+from .model import H3VideoDecoder
+from .runtime import Runtime
 
-__all__ = ["H3DecoderConfig", "H3VideoDecoder", "denormalize_latents", "to_unit_rgb", "to_uint8_frames"]
-__version__ = "0.1.0"
+__all__ = ["H3DecoderConfig", "H3VideoDecoder", "Runtime", "denormalize_latents", "to_unit_rgb", "to_uint8_frames"]
+__version__ = "0.2.0"

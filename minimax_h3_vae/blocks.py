@@ -25,7 +25,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 
 
 def scale_add_rms_norm(
-    residual: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    residual: torch.Tensor,
+    y: torch.Tensor,
+    scale: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`residual += y * scale` in float32 (in place), then `rms_norm(residual)` if a norm weight is given.
@@ -38,7 +42,11 @@ def scale_add_rms_norm(
 
 
 def qk_rms_norm_rope(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, eps: float,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the fused projection, RMS-normalise q and k per head, rotate their first dims (NeoX).
 
@@ -77,8 +85,11 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 EAGER_OPS = SimpleNamespace(
-    rms_norm=rms_norm, scale_add_rms_norm=scale_add_rms_norm, qk_rms_norm_rope=qk_rms_norm_rope,
-    silu_mul=silu_mul, linear_fp32=linear_fp32,
+    rms_norm=rms_norm,
+    scale_add_rms_norm=scale_add_rms_norm,
+    qk_rms_norm_rope=qk_rms_norm_rope,
+    silu_mul=silu_mul,
+    linear_fp32=linear_fp32,
 )
 
 
@@ -125,20 +136,22 @@ class DecoderBlock(nn.Module):
         self.scale2 = nn.Parameter(torch.zeros(dim))
 
     def forward(
-        self, residual: torch.Tensor, normed: torch.Tensor, rotary: RotaryTable, ops: SimpleNamespace,
+        self,
+        residual: torch.Tensor,
+        normed: torch.Tensor,
+        rotary: RotaryTable,
+        ops: SimpleNamespace,
         next_norm_weight: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """residual: (B, S, C) float32, updated in place. normed: (B, S, C) in the linears' dtype."""
         batch, seq, dim = residual.shape
         compute_dtype = normed.dtype
-        q, k, v = ops.qk_rms_norm_rope(self.attn.to_qkv(normed), rotary.cos, rotary.sin, self.attn.num_heads,
-                                       self.eps)
+        q, k, v = ops.qk_rms_norm_rope(self.attn.to_qkv(normed), rotary.cos, rotary.sin, self.attn.num_heads, self.eps)
         o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
         # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread). In place on
         # the (B, S, H*D) layout, which the attention backends write contiguously: one vectorised pass.
         o = o.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
         o = self.attn.to_out(o)
-        residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps,
-                                                  compute_dtype)
+        residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps, compute_dtype)
         y = self.ff.w2(ops.silu_mul(self.ff.w1(normed)))
         return ops.scale_add_rms_norm(residual, y, self.scale2, next_norm_weight, self.eps, compute_dtype)

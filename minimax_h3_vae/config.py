@@ -1,4 +1,8 @@
-"""The decoder's configuration: one frozen dataclass, and the mapping from each released config file."""
+"""The checkpoint's configuration: one frozen dataclass, and the mapping from each released config file.
+
+It describes the model only; how a process runs it (fused ops, tile batch, ranks) is `runtime.Runtime`.
+The released config files and their fields are in docs/decoder.md section 2.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +14,56 @@ from typing import Any
 # Per-channel statistics of the released latents (video_vae/config.json). A diffusion pipeline's latents
 # are normalised with them; the decoder consumes `z * std + mean`.
 RELEASED_LATENTS_MEAN = (
-    0.858090341091156, -0.9606591463088989, 1.0661640167236328, -0.5090325474739075,
-    -0.2727581858634949, -1.3675414323806763, -0.2553254961967468, -0.26907554268836975,
-    -0.5376840829849243, -0.0464097298681736, 0.6657370328903198, 0.19690127670764923,
-    -0.5460608005523682, -0.4035342037677765, -0.23683024942874908, 0.25928452610969543,
-    -0.30133944749832153, 0.211341992020607, -1.1206848621368408, 0.3581933379173279,
-    -0.04225143790245056, 0.2604829967021942, 0.22864092886447906, 0.7056031823158264,
+    0.858090341091156,
+    -0.9606591463088989,
+    1.0661640167236328,
+    -0.5090325474739075,
+    -0.2727581858634949,
+    -1.3675414323806763,
+    -0.2553254961967468,
+    -0.26907554268836975,
+    -0.5376840829849243,
+    -0.0464097298681736,
+    0.6657370328903198,
+    0.19690127670764923,
+    -0.5460608005523682,
+    -0.4035342037677765,
+    -0.23683024942874908,
+    0.25928452610969543,
+    -0.30133944749832153,
+    0.211341992020607,
+    -1.1206848621368408,
+    0.3581933379173279,
+    -0.04225143790245056,
+    0.2604829967021942,
+    0.22864092886447906,
+    0.7056031823158264,
 )
 RELEASED_LATENTS_STD = (
-    1.2223774194717407, 1.2767263650894165, 1.6831774711608887, 1.7549455165863037,
-    1.5636216402053833, 2.194143533706665, 0.9653137922286987, 1.0569885969161987,
-    0.841948926448822, 0.7729952931404114, 1.8955937623977661, 0.946841835975647,
-    0.7996809482574463, 0.44988900423049927, 0.7197399735450745, 0.6936293244361877,
-    2.961095094680786, 2.7694199085235596, 3.0496184825897217, 2.1088054180145264,
-    3.276226282119751, 3.1627357006073, 2.2816812992095947, 2.6127843856811523,
+    1.2223774194717407,
+    1.2767263650894165,
+    1.6831774711608887,
+    1.7549455165863037,
+    1.5636216402053833,
+    2.194143533706665,
+    0.9653137922286987,
+    1.0569885969161987,
+    0.841948926448822,
+    0.7729952931404114,
+    1.8955937623977661,
+    0.946841835975647,
+    0.7996809482574463,
+    0.44988900423049927,
+    0.7197399735450745,
+    0.6936293244361877,
+    2.961095094680786,
+    2.7694199085235596,
+    3.0496184825897217,
+    2.1088054180145264,
+    3.276226282119751,
+    3.1627357006073,
+    2.2816812992095947,
+    2.6127843856811523,
 )
 
 
@@ -53,7 +93,6 @@ class H3DecoderConfig:
     tile_overlap_min: int = 64  # minimum overlap between neighbouring tiles, pixels
     latents_mean: tuple[float, ...] = RELEASED_LATENTS_MEAN
     latents_std: tuple[float, ...] = RELEASED_LATENTS_STD
-    fused: bool = False  # run the Triton kernels (minimax_h3_vae.fused) instead of the eager ops
 
     def __post_init__(self):
         if self.head_dim * self.rope_dim_ratio % 6:
@@ -114,11 +153,25 @@ class H3DecoderConfig:
     def from_original(cls, wrapper: dict[str, Any], model: dict[str, Any], **overrides) -> H3DecoderConfig:
         """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model)."""
         _expect(wrapper, "video_vae/config.json", latent_channels=None, vae_decoder_tiling=1)
-        _expect(model, "video_vae/source/config.json", pixel_norm_type="imagenet", scaling_factor=1.0,
-                shift_factor=0.0, use_vit_decoder=True)
+        _expect(
+            model,
+            "video_vae/source/config.json",
+            pixel_norm_type="imagenet",
+            scaling_factor=1.0,
+            shift_factor=0.0,
+            use_vit_decoder=True,
+        )
         vit = dict(model.get("vit_decoder_kwargs", {}))
-        _expect(vit, "vit_decoder_kwargs", norm_type="rms_norm", norm_affine=True, qk_norm_type="rms_norm",
-                qk_norm_affine=False, ffn_use_gated=True, ffn_activation_fn="silu")
+        _expect(
+            vit,
+            "vit_decoder_kwargs",
+            norm_type="rms_norm",
+            norm_affine=True,
+            qk_norm_type="rms_norm",
+            qk_norm_affine=False,
+            ffn_use_gated=True,
+            ffn_activation_fn="silu",
+        )
         unknown = set(vit) - _ORIGINAL_VIT_KEYS
         if unknown:
             raise ConfigError(f"vit_decoder_kwargs has settings this decoder does not implement: {sorted(unknown)}")
@@ -183,17 +236,45 @@ def _expect(config: dict[str, Any], where: str, **expected) -> None:
 
 # vit_decoder_kwargs keys of the original release; anything else is a decoder variant we do not know.
 _ORIGINAL_VIT_KEYS = {
-    "dim_head", "heads", "num_layers", "rope_dim_ratio", "rope_theta", "norm_type", "norm_affine",
-    "qk_norm_type", "qk_norm_affine", "ffn_use_gated", "ffn_activation_fn",
+    "dim_head",
+    "heads",
+    "num_layers",
+    "rope_dim_ratio",
+    "rope_theta",
+    "norm_type",
+    "norm_affine",
+    "qk_norm_type",
+    "qk_norm_affine",
+    "ffn_use_gated",
+    "ffn_activation_fn",
 }
 
 # Every constructor argument of diffusers' AutoencoderKLMiniMaxH3 (0.40-0.42), plus its bookkeeping keys.
 # The encoder's arguments are accepted and ignored: the decoder does not depend on them.
 _DIFFUSERS_KEYS = {
-    "_class_name", "_diffusers_version", "_name_or_path",
-    "in_channels", "out_channels", "latent_channels", "block_out_channels", "layers_per_block",
-    "spatial_downsample_factors", "temporal_downsample_factors", "norm_num_groups", "norm_eps",
-    "spatial_padding_mode", "decoder_num_layers", "decoder_num_attention_heads", "decoder_attention_head_dim",
-    "decoder_num_register_tokens", "decoder_ffn_mult", "decoder_rope_theta", "decoder_rope_dim_ratio",
-    "decoder_norm_eps", "clip_length", "token_drop", "latents_mean", "latents_std",
+    "_class_name",
+    "_diffusers_version",
+    "_name_or_path",
+    "in_channels",
+    "out_channels",
+    "latent_channels",
+    "block_out_channels",
+    "layers_per_block",
+    "spatial_downsample_factors",
+    "temporal_downsample_factors",
+    "norm_num_groups",
+    "norm_eps",
+    "spatial_padding_mode",
+    "decoder_num_layers",
+    "decoder_num_attention_heads",
+    "decoder_attention_head_dim",
+    "decoder_num_register_tokens",
+    "decoder_ffn_mult",
+    "decoder_rope_theta",
+    "decoder_rope_dim_ratio",
+    "decoder_norm_eps",
+    "clip_length",
+    "token_drop",
+    "latents_mean",
+    "latents_std",
 }

@@ -57,8 +57,11 @@ def _swap_halves(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
 _BLOCK = r"(decoder\.transformer_blocks\.\d+)"
 DIFFUSERS_KEY_TABLE: tuple[tuple[str, tuple[str, ...], Callable | None], ...] = (
     (r"decoder\.x_embedder\.(weight|bias)", (r"decoder.proj_in.\1",), None),
-    (_BLOCK + r"\.attn\.to_qkv\.(weight|bias)",
-     (r"\1.attn.to_q.\2", r"\1.attn.to_k.\2", r"\1.attn.to_v.\2"), _interleave_heads),
+    (
+        _BLOCK + r"\.attn\.to_qkv\.(weight|bias)",
+        (r"\1.attn.to_q.\2", r"\1.attn.to_k.\2", r"\1.attn.to_v.\2"),
+        _interleave_heads,
+    ),
     (_BLOCK + r"\.attn\.to_out\.(weight|bias)", (r"\1.attn.to_out.0.\2",), None),
     (_BLOCK + r"\.ff\.w1\.(weight|bias)", (r"\1.ff.net.0.proj.\2",), _swap_halves),
     (_BLOCK + r"\.ff\.w2\.(weight|bias)", (r"\1.ff.net.2.\2",), None),
@@ -83,6 +86,7 @@ class Checkpoint:
     files: dict[str, Path]  # stored key -> safetensors file
     shapes: dict[str, tuple[int, ...]]  # stored key -> shape, from the file headers
     origin: str  # what the user gave, for messages
+    in_memory: dict[str, torch.Tensor] | None = None  # stored key -> tensor, for a checkpoint held in memory
 
     def sources(self, key: str) -> tuple[tuple[str, ...], Callable | None]:
         return diffusers_sources(key) if self.layout == "diffusers" else ((key,), None)
@@ -98,14 +102,18 @@ class Checkpoint:
                 if name not in self.shapes:
                     raise CheckpointError(f"{self.origin}: missing tensor {name!r} ({self.layout} layout)")
                 if self.shapes[name] != part_shape:
-                    raise CheckpointError(f"{self.origin}: tensor {name!r} has shape {list(self.shapes[name])}, "
-                                          f"this config expects {list(part_shape)}")
+                    raise CheckpointError(
+                        f"{self.origin}: tensor {name!r} has shape {list(self.shapes[name])}, "
+                        f"this config expects {list(part_shape)}"
+                    )
                 used.add(name)
         unexpected = sorted(k for k in self.shapes if k.startswith(DECODER_PREFIXES) and k not in used)
         if unexpected:
-            raise CheckpointError(f"{self.origin}: unexpected decoder tensor(s) {unexpected[:5]}"
-                                  f"{' ...' if len(unexpected) > 5 else ''} (not in a {self.config.num_layers}-block"
-                                  f" decoder; is this a different model?)")
+            raise CheckpointError(
+                f"{self.origin}: unexpected decoder tensor(s) {unexpected[:5]}"
+                f"{' ...' if len(unexpected) > 5 else ''} (not in a {self.config.num_layers}-block"
+                f" decoder; is this a different model?)"
+            )
 
     def tensors(self, expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
         """(original key, tensor) for every expected key, in stored dtype, read one at a time from disk."""
@@ -120,14 +128,29 @@ class Checkpoint:
             handles.clear()
 
     def _read(self, handles: dict, name: str) -> torch.Tensor:
+        if self.in_memory is not None:
+            return self.in_memory[name]
         path = self.files[name]
         try:
             if path not in handles:
                 handles[path] = safe_open(str(path), framework="pt", device="cpu")
             return handles[path].get_tensor(name)
         except Exception as error:  # safetensors raises its own error types for truncated or corrupt files
-            raise CheckpointError(f"{path}: cannot read tensor {name!r} ({error}); the file may be truncated "
-                                  "or corrupt: download it again") from error
+            raise CheckpointError(
+                f"{path}: cannot read tensor {name!r} ({error}); the file may be truncated "
+                "or corrupt: download it again"
+            ) from error
+
+
+def checkpoint_in_memory(
+    state_dict: dict[str, torch.Tensor], config: H3DecoderConfig, layout: str, origin: str = "state dict"
+) -> Checkpoint:
+    """A checkpoint whose tensors are already in memory (e.g. a loaded diffusers VAE's `state_dict()`), in
+    the key names of `layout` ("original" / "comfyui" or "diffusers"); converted like a file of that layout."""
+    if layout not in ("original", "comfyui", "diffusers"):
+        raise CheckpointError(f"{origin}: unknown layout {layout!r}")
+    shapes = {key: tuple(tensor.shape) for key, tensor in state_dict.items()}
+    return Checkpoint(layout, config, {}, shapes, origin, in_memory=dict(state_dict))
 
 
 def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | None = None) -> Checkpoint:
@@ -159,8 +182,10 @@ def _open_local(path: Path, origin: str) -> Checkpoint:
         if (path / DIFFUSERS_INDEX).is_file() or (path / DIFFUSERS_SINGLE).is_file():
             return _open_diffusers(path, origin)
         return _open_original(path, origin)
-    raise CheckpointError(f"{origin}: not a checkpoint folder: expected a video_vae/ folder (config.json + "
-                          f"source/), a diffusers vae/ folder, or a repo root holding one of them")
+    raise CheckpointError(
+        f"{origin}: not a checkpoint folder: expected a video_vae/ folder (config.json + "
+        f"source/), a diffusers vae/ folder, or a repo root holding one of them"
+    )
 
 
 def _read_json(path: Path, origin: str) -> dict:
@@ -186,12 +211,14 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
         except CheckpointError:
             raise
         except Exception as error:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({error}); it may be truncated or "
-                                  "corrupt: download it again") from None
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
+            ) from None
         size, needed = path.stat().st_size, _data_end(path)
         if size < needed:
-            raise CheckpointError(f"{path}: file is truncated ({size} bytes, its header describes {needed}): "
-                                  "download it again")
+            raise CheckpointError(
+                f"{path}: file is truncated ({size} bytes, its header describes {needed}): download it again"
+            )
     return where, shapes
 
 
@@ -235,13 +262,15 @@ def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
 def _open_comfyui(path: Path, origin: str) -> Checkpoint:
     where, shapes = _headers([path], origin)
     if "decoder.x_embedder.weight" not in shapes:
-        raise CheckpointError(f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE file in the "
-                              "original/ComfyUI layout")
+        raise CheckpointError(
+            f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE file in the original/ComfyUI layout"
+        )
     dim, latent_channels = shapes["decoder.x_embedder.weight"]
     blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))}
     default = H3DecoderConfig()
-    fields = dict(latent_channels=latent_channels, num_layers=max(blocks, default=-1) + 1,
-                  num_heads=dim // default.head_dim)
+    fields = dict(
+        latent_channels=latent_channels, num_layers=max(blocks, default=-1) + 1, num_heads=dim // default.head_dim
+    )
     stats = {}
     for name in ("latents_mean", "latents_std"):
         if shapes.get(name) == (latent_channels,):
@@ -257,8 +286,13 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
 def _download(repo_id: str, revision: str | None) -> Path:
     """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     def fetch(filename: str) -> Path:
         return Path(hf_hub_download(repo_id, filename, revision=revision))
@@ -281,12 +315,17 @@ def _download(repo_id: str, revision: str | None) -> Path:
                 fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
             return config.parent
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise CheckpointError(f"{repo_id}: no such local path, and not in the local Hugging Face cache while "
-                              "the hub cannot be reached (HF_HUB_OFFLINE set, or no network): check the path, "
-                              "download the repo once online, or pass a local path") from None
+        raise CheckpointError(
+            f"{repo_id}: no such local path, and not in the local Hugging Face cache while "
+            "the hub cannot be reached (HF_HUB_OFFLINE set, or no network): check the path, "
+            "download the repo once online, or pass a local path"
+        ) from None
     except (RepositoryNotFoundError, RevisionNotFoundError) as error:
-        raise CheckpointError(f"{repo_id}: not found on the Hugging Face hub ({type(error).__name__}): check the "
-                              "repo id and revision, or log in for a gated repo") from None
+        raise CheckpointError(
+            f"{repo_id}: not found on the Hugging Face hub ({type(error).__name__}): check the "
+            "repo id and revision, or log in for a gated repo"
+        ) from None
     except EntryNotFoundError:
-        raise CheckpointError(f"{repo_id}: holds neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ "
-                              "with a video VAE") from None
+        raise CheckpointError(
+            f"{repo_id}: holds neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ with a video VAE"
+        ) from None

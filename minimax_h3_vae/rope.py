@@ -25,8 +25,7 @@ def token_positions(frames: int, height: int, width: int, num_suffix_tokens: int
     Axis index i of an axis of n steps sits at 2 * (i + 0.5) / n - 1. The suffix tokens (registers and
     the zero token) sit at the origin.
     """
-    axes = [2.0 * (torch.arange(0.5, n, dtype=torch.float32, device=device) / n) - 1.0
-            for n in (frames, height, width)]
+    axes = [2.0 * (torch.arange(0.5, n, dtype=torch.float32, device=device) / n) - 1.0 for n in (frames, height, width)]
     grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
     return torch.cat([grid, grid.new_zeros(num_suffix_tokens, 3)])
 
@@ -37,8 +36,9 @@ def rotary_table(positions: torch.Tensor, rope_dim: int, theta: float) -> Rotary
     `inv_freq[k] = 1 / theta ** (k / n)` with n = rope_dim / 6 frequencies per axis, angle = 2 pi pos inv_freq.
     """
     freqs_per_axis = rope_dim // 6
-    inv_freq = 1.0 / theta ** (torch.arange(freqs_per_axis, dtype=torch.float32, device=positions.device)
-                               / freqs_per_axis)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(freqs_per_axis, dtype=torch.float32, device=positions.device) / freqs_per_axis
+    )
     angles = 2.0 * math.pi * positions[:, :, None] * inv_freq
     angles = angles.flatten(1).repeat(1, 2)
     return RotaryTable(angles.cos(), angles.sin())

@@ -3,11 +3,12 @@
 Spatial: tiles of 256 px with at least 64 px overlap, tile-local positions, composed in row-major order by
 blending each tile with the RAW tiles above and to its left, then cropping its trailing overlaps.
 Temporal: chunks of 7 latent frames advancing by 5; each yields 17 new pixel frames and 5 that are
-cross-faded into the next chunk's first 5.
+cross-faded into the next chunk's first 5. docs/decoder.md (sections 5 and 6) states both rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -68,8 +69,11 @@ class TilePlan:
     def latent_windows(self) -> list[tuple[slice, slice]]:
         """(rows, cols) latent slices of every tile, row-major."""
         p = self.patch_size
-        return [(slice(y // p, (y + self.rows.size) // p), slice(x // p, (x + self.cols.size) // p))
-                for y in self.rows.starts for x in self.cols.starts]
+        return [
+            (slice(y // p, (y + self.rows.size) // p), slice(x // p, (x + self.cols.size) // p))
+            for y in self.rows.starts
+            for x in self.cols.starts
+        ]
 
 
 def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig) -> TilePlan:
@@ -114,7 +118,7 @@ def stitch(tiles: list[torch.Tensor], plan: TilePlan, out: torch.Tensor | None =
         for j, x in enumerate(cols.starts):
             keep_w = cols.size - (cols.overlaps[j] if j < cols.count - 1 else 0)
             tile = tiles[i * cols.count + j]
-            region = out[..., y:y + keep_h, x:x + keep_w]
+            region = out[..., y : y + keep_h, x : x + keep_w]
             region.copy_(tile[..., :keep_h, :keep_w])
             if i > 0:
                 extent = rows.overlaps[i - 1]
@@ -186,25 +190,26 @@ def chunk_spans(window: int, config: H3DecoderConfig) -> tuple[tuple[int, int], 
     return body, (tail_start, min(2 * chunk_frames, call_frames))
 
 
+def join_chunks(clips: Iterable[torch.Tensor], plan: ChunkPlan, config: H3DecoderConfig) -> Iterator[torch.Tensor]:
+    """The video's frames, in order, from the decoded windows of `plan` (one (..., 4 * window, H, W) clip per
+    start, frames on dim 2), cut and cross-faded as released; yields views of the clips, cut to
+    `plan.out_frames` frames in all.
 
-def split_balanced(count: int, parts: int) -> list[tuple[int, int]]:
-    """`count` items in `parts` contiguous ranges whose sizes differ by at most one (the larger first)."""
-    base, extra = divmod(count, parts)
-    bounds = [0]
-    for part in range(parts):
-        bounds.append(bounds[-1] + base + (part < extra))
-    return list(zip(bounds, bounds[1:]))
-
-
-def plan_tile_calls(tiles: int, tile_batch: int | None, ranks: int) -> list[list[tuple[int, int]]]:
-    """Which tiles each rank decodes, as a list of decoder calls (start, end) per rank.
-
-    With a tile batch, the tiles are cut into calls of `tile_batch` in order, whatever the number of ranks,
-    and each rank takes a balanced run of consecutive calls: every call, and so every decoded value, is the
-    same as in a single-process decode with that tile batch. Without one, each rank takes one balanced
-    share, to be cut further only if it does not fit in memory.
+    Each clip gives its body frames; its tail frames are held back and cross-faded into the next clip's first
+    `frame_overlap` frames; the last clip's tail is appended as it is.
     """
-    if tile_batch is None:
-        return [[share] if share[1] > share[0] else [] for share in split_balanced(tiles, ranks)]
-    calls = [(start, min(start + tile_batch, tiles)) for start in range(0, tiles, tile_batch)]
-    return [calls[a:b] for a, b in split_balanced(len(calls), ranks)]
+    (body_start, body_end), (tail_start, tail_end) = chunk_spans(plan.window, config)
+    remaining = plan.out_frames
+    held = None
+    for clip in clips:
+        body = clip[:, :, body_start:body_end]
+        if held is not None:
+            extent = config.frame_overlap
+            body[:, :, :extent] = blend(held, body[:, :, :extent], extent, 2)
+        held = clip[:, :, tail_start:tail_end] if tail_end > tail_start else None
+        emit = body[:, :, :remaining]
+        remaining -= emit.shape[2]
+        if emit.shape[2]:
+            yield emit
+    if held is not None and remaining > 0:
+        yield held[:, :, :remaining]

@@ -1,10 +1,9 @@
 """Run under `torchrun --standalone --nproc_per_node N` by tests/test_distributed.py (gloo, CPU).
 
-    distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
-    distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
+distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
+distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
 """
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -36,11 +35,10 @@ def decode(checkpoint: str, out_dir: Path) -> None:
 
 
 def cli(checkpoint: str, args: list[str]) -> int:
-    spec = importlib.util.spec_from_file_location("decode_latents", REPO / "tools" / "decode_latents.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from minimax_h3_vae.cli import main
+
     rank = int(__import__("os").environ["RANK"])
-    return module.main([*args, "--model", checkpoint if rank == 0 else checkpoint + ".missing"])
+    return main([*args, "--model", checkpoint if rank == 0 else checkpoint + ".missing"])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""tools/decode_latents.py: end to end, flags, and its contract on bad input (exit 2, one 'error:' line,
-nothing written) and on failure (nothing written, no temporary file left, an existing output kept)."""
+"""The `minimax-h3-decode` command (minimax_h3_vae/cli.py): end to end, flags, and its contract on bad input
+(exit 2, one 'error:' line, nothing written) and on failure (nothing written, no temporary file left, an
+existing output kept)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
+from minimax_h3_vae import cli as cli_module
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"
@@ -27,10 +28,7 @@ EXAMPLE_LATENTS = REPO / "examples" / "latents.safetensors"
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("decode_latents_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cli_module
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +43,13 @@ def offline(no_network, monkeypatch):
 
 
 def run_cli(cli, capsys, *args) -> tuple[int, str]:
-    """main(argv) in process -> (exit code, stderr)."""
+    """main(argv) in process -> (exit code, stderr). On the CPU unless the arguments name a device: the
+    expected frames come from a CPU fp32 decode, and a CUDA machine would otherwise decode in fp16."""
     capsys.readouterr()
-    code = cli.main([str(a) for a in args])
+    args = [str(a) for a in args]
+    if "--device" not in args:
+        args += ["--device", "cpu"]
+    code = cli.main(args)
     return code, capsys.readouterr().err
 
 
@@ -91,8 +93,14 @@ def test_example_to_mp4_subprocess(tmp_path, example_frames):
     # The script must find the package by itself: the repo is taken off PYTHONPATH (other entries stay).
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "PYTHONPATH": os.pathsep.join(path)}
-    result = subprocess.run([sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY),
-                             "--device", "cpu"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error:" not in result.stderr
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
@@ -111,6 +119,35 @@ def test_example_to_mp4_subprocess(tmp_path, example_frames):
     got, ref = frames.astype(np.float32) @ luma, example_frames.numpy().astype(np.float32) @ luma
     error, reversed_error = np.abs(got - ref).mean(), np.abs(got - ref[::-1]).mean()
     assert error < 8 and error < 0.25 * reversed_error, (error, reversed_error)
+
+
+def test_console_script_is_installed_and_runs(tmp_path):
+    """`minimax-h3-decode` is the package's console script; where the package is installed, it runs from
+    any folder."""
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.cli:main"
+    command = shutil.which("minimax-h3-decode", path=str(Path(sys.executable).parent))
+    assert command, "the console script is not beside this Python"
+    result = subprocess.run([command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: minimax-h3-decode ")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("recipe", [["--dtype", "fp32", "--eager"], []], ids=["fp32_eager", "default_fp16"])
+def test_example_on_cuda(cli, capsys, tmp_path, example_frames, recipe):
+    """On CUDA the command defaults to the fp16 recipe (fused where Triton is present). Its frames are those
+    of the CPU fp32 decode up to rounding: fp32 within 1 level, the fp16 recipe within a few levels."""
+    out = tmp_path / "frames.safetensors"
+    code, err = run_cli(cli, capsys, EXAMPLE_LATENTS, out, "--model", TINY, "--device", "cuda", *recipe)
+    assert code == 0, err
+    assert "device cuda" in err and ("fp32" in err if recipe else "fp16 (release recipe)" in err)
+    frames = load_file(str(out))["video"]
+    diff = (frames.int() - example_frames.int()).abs()
+    assert diff.max() <= (1 if recipe else 6), diff.max()
+    assert diff.float().mean() < 0.5
 
 
 def test_example_to_safetensors(cli, capsys, tmp_path, example_frames):
@@ -148,9 +185,13 @@ def test_raw_latents(cli, capsys, tmp_path, tiny_model):
 @pytest.mark.parametrize("layout", ["5d", "other_name", "among_others", "fp16", "fp64"])
 def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
     z = small_latents(2)
-    tensors = {"5d": {"latents": z[None]}, "other_name": {"z_0": z},
-               "among_others": {"latents": z, "text_embeds": torch.zeros(3, 7)},
-               "fp16": {"latents": z.half()}, "fp64": {"latents": z.double()}}[layout]
+    tensors = {
+        "5d": {"latents": z[None]},
+        "other_name": {"z_0": z},
+        "among_others": {"latents": z, "text_embeds": torch.zeros(3, 7)},
+        "fp16": {"latents": z.half()},
+        "fp64": {"latents": z.double()},
+    }[layout]
     latents = write_latents(tmp_path / "in.safetensors", tensors)
     out = tmp_path / "out.safetensors"
     code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
@@ -159,8 +200,15 @@ def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
     assert torch.equal(load_file(str(out))["video"], decode_reference(tiny_model, expected_z, raw=False))
 
 
-@pytest.mark.parametrize("metadata, flag, fps", [({"fps": "12"}, [], 12.0), ({"fps": "12"}, ["--fps", "30"], 30.0),
-                                                  (None, [], 24.0), (None, ["--fps", "8.5"], 8.5)])
+@pytest.mark.parametrize(
+    "metadata, flag, fps",
+    [
+        ({"fps": "12"}, [], 12.0),
+        ({"fps": "12"}, ["--fps", "30"], 30.0),
+        (None, [], 24.0),
+        (None, ["--fps", "8.5"], 8.5),
+    ],
+)
 def test_fps(cli, capsys, tmp_path, metadata, flag, fps):
     latents = write_latents(tmp_path / "z.safetensors", small_latents(3), metadata=metadata)
     out = tmp_path / "out.mp4"
@@ -208,6 +256,7 @@ def test_tile_batch_does_not_change_the_frames(cli, capsys, tmp_path):
 def _bad_latents(tensors, metadata=None):
     def make(tmp_path):
         return [write_latents(tmp_path / "in.safetensors", tensors, metadata), tmp_path / "out" / "video.mp4"]
+
     return make
 
 
@@ -261,6 +310,7 @@ def _missing_checkpoint(tmp_path):
 def _flag(*flags):
     def make(tmp_path):
         return [*_bad_latents(small_latents())(tmp_path), *flags]
+
     return make
 
 
@@ -295,14 +345,16 @@ BAD_INPUTS = {
     "fps_inf": _flag("--fps", "inf"),
 }
 
-BAD_INPUTS.update({
-    "fps_metadata_negative": _fps_metadata("-5"),
-    "fps_metadata_nan": _fps_metadata("nan"),
-    "fps_metadata_inf": _fps_metadata("inf"),
-    "fps_metadata_zero": _fps_metadata("0"),
-    "zero_frames": _bad_latents(torch.randn(24, 0, 2, 2)),
-    "zero_height": _bad_latents(torch.randn(24, 3, 0, 2)),
-})
+BAD_INPUTS.update(
+    {
+        "fps_metadata_negative": _fps_metadata("-5"),
+        "fps_metadata_nan": _fps_metadata("nan"),
+        "fps_metadata_inf": _fps_metadata("inf"),
+        "fps_metadata_zero": _fps_metadata("0"),
+        "zero_frames": _bad_latents(torch.randn(24, 0, 2, 2)),
+        "zero_height": _bad_latents(torch.randn(24, 3, 0, 2)),
+    }
+)
 
 
 @pytest.mark.parametrize("make", BAD_INPUTS.values(), ids=BAD_INPUTS)
@@ -324,10 +376,18 @@ def test_bad_input(cli, capsys, tmp_path, make):
 def test_bad_input_messages(cli, capsys, tmp_path):
     """A few messages say what is wrong, not only that something is."""
     (tmp_path / "out").mkdir()
-    cases = {"16_channels": "16 channels", "batch_of_2": "(2, 24, 3, 2, 2)", "nan": "NaN", "int_latents": "int64",
-             "two_tensors_no_latents": "'latents'", "unknown_extension": ".avi", "device_cuda": "CUDA",
-             "tile_batch_0": "--tile-batch", "missing_checkpoint": "no_such_checkpoint",
-             "truncated_checkpoint": "truncated"}
+    cases = {
+        "16_channels": "16 channels",
+        "batch_of_2": "(2, 24, 3, 2, 2)",
+        "nan": "NaN",
+        "int_latents": "int64",
+        "two_tensors_no_latents": "'latents'",
+        "unknown_extension": ".avi",
+        "device_cuda": "CUDA",
+        "tile_batch_0": "--tile-batch",
+        "missing_checkpoint": "no_such_checkpoint",
+        "truncated_checkpoint": "truncated",
+    }
     for name, words in cases.items():
         if name == "device_cuda" and torch.cuda.is_available():
             continue

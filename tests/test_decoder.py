@@ -74,7 +74,7 @@ def test_batch_equals_one_by_one(decoder):
     z = latents(3, 24, 3, 17, 2)
     out = decoder.decode(z)
     for i in range(3):
-        torch.testing.assert_close(out[i:i + 1], decoder.decode(z[i:i + 1]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out[i : i + 1], decoder.decode(z[i : i + 1]), atol=1e-5, rtol=0)
 
 
 def test_runs_without_autograd(decoder):
@@ -83,14 +83,17 @@ def test_runs_without_autograd(decoder):
     assert not out.requires_grad
 
 
-@pytest.mark.parametrize("z, message", [
-    (torch.zeros(1, 16, 3, 2, 2), "16 channels"),
-    (torch.zeros(24, 3, 2, 2), "must be"),
-    (torch.full((1, 24, 3, 2, 2), float("nan")), "NaN"),
-    (torch.full((1, 24, 3, 2, 2), float("inf")), "NaN or Inf"),
-    (torch.zeros(1, 24, 0, 2, 2), "empty"),
-    (torch.zeros(1, 24, 3, 2, 2, dtype=torch.int64), "floating point"),
-])
+@pytest.mark.parametrize(
+    "z, message",
+    [
+        (torch.zeros(1, 16, 3, 2, 2), "16 channels"),
+        (torch.zeros(24, 3, 2, 2), "must be"),
+        (torch.full((1, 24, 3, 2, 2), float("nan")), "NaN"),
+        (torch.full((1, 24, 3, 2, 2), float("inf")), "NaN or Inf"),
+        (torch.zeros(1, 24, 0, 2, 2), "empty"),
+        (torch.zeros(1, 24, 3, 2, 2, dtype=torch.int64), "floating point"),
+    ],
+)
 def test_bad_latents(decoder, z, message):
     with pytest.raises(ValueError, match=message):
         decoder.decode(z)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder
-from minimax_h3_vae.tiling import plan_tile_calls, split_balanced
+from minimax_h3_vae.distributed import plan_tile_calls, split_balanced
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny_h3_vae"
@@ -63,8 +63,15 @@ def one_thread():
 
 
 def torchrun(*args, ranks=2, timeout=240):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               str(WORKER), *map(str, args)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(WORKER),
+        *map(str, args),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
@@ -98,8 +105,9 @@ def test_automatic_batch_matches_single_process(distributed_outputs, one_thread)
 
 def test_output_rank_limits_the_output(distributed_outputs):
     assert torch.load(distributed_outputs / "rank0_output_rank1.pt") is None
-    assert torch.equal(torch.load(distributed_outputs / "rank1_output_rank1.pt"),
-                       torch.load(distributed_outputs / "rank1_batch1.pt"))
+    assert torch.equal(
+        torch.load(distributed_outputs / "rank1_output_rank1.pt"), torch.load(distributed_outputs / "rank1_batch1.pt")
+    )
 
 
 def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
@@ -107,8 +115,12 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
     single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
     spread.parent.mkdir()
     args = [tmp_path / "in.safetensors", "--device", "cpu", "--tile-batch", "1"]
-    subprocess.run([sys.executable, REPO / "tools" / "decode_latents.py", args[0], single, "--model", TINY,
-                    *args[1:]], check=True, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, REPO / "tools" / "decode_latents.py", args[0], single, "--model", TINY, *args[1:]],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     shared = tmp_path / "model"
     shutil.copytree(TINY, shared)
     shutil.copytree(TINY, str(shared) + ".missing")  # rank 1 loads this copy: both ranks succeed

@@ -7,6 +7,7 @@ package's key table, so a wrong row in `minimax_h3_vae.loading` shows up here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -114,9 +115,15 @@ def test_weights_equal_the_oracle(layouts, oracle_vae, layout):
 
     same("decoder.x_embedder.weight", theirs["decoder.proj_in.weight"])
     same("decoder.x_embedder.bias", theirs["decoder.proj_in.bias"])
-    for key in ("post_quant_conv.weight", "post_quant_conv.bias", "decoder.register_tokens",
-                "decoder.norm_out.weight", "decoder.norm_out.bias", "decoder.proj_out.weight",
-                "decoder.proj_out.bias"):
+    for key in (
+        "post_quant_conv.weight",
+        "post_quant_conv.bias",
+        "decoder.register_tokens",
+        "decoder.norm_out.weight",
+        "decoder.norm_out.bias",
+        "decoder.proj_out.weight",
+        "decoder.proj_out.bias",
+    ):
         same(key, theirs[key])
     for i in range(oracle_vae.config.decoder_num_layers):
         b = f"decoder.transformer_blocks.{i}."
@@ -127,9 +134,17 @@ def test_weights_equal_the_oracle(layouts, oracle_vae, layout):
             assert qkv.shape[0] == 3 * heads * hd
             for h in range(heads):
                 rows = slice(64 * h, 64 * h + 64)
-                assert torch.equal(qkv[192 * h:192 * h + 64], theirs[b + f"attn.to_q.{kind}"][rows]), (i, h, "q")
-                assert torch.equal(qkv[192 * h + 64:192 * h + 128], theirs[b + f"attn.to_k.{kind}"][rows]), (i, h, "k")
-                assert torch.equal(qkv[192 * h + 128:192 * h + 192], theirs[b + f"attn.to_v.{kind}"][rows]), (i, h, "v")
+                assert torch.equal(qkv[192 * h : 192 * h + 64], theirs[b + f"attn.to_q.{kind}"][rows]), (i, h, "q")
+                assert torch.equal(qkv[192 * h + 64 : 192 * h + 128], theirs[b + f"attn.to_k.{kind}"][rows]), (
+                    i,
+                    h,
+                    "k",
+                )
+                assert torch.equal(qkv[192 * h + 128 : 192 * h + 192], theirs[b + f"attn.to_v.{kind}"][rows]), (
+                    i,
+                    h,
+                    "v",
+                )
             same(b + f"attn.to_out.{kind}", theirs[b + f"attn.to_out.0.{kind}"])
             w1, proj = ours[b + f"ff.w1.{kind}"], theirs[b + f"ff.net.0.proj.{kind}"]
             half = proj.shape[0] // 2
@@ -149,7 +164,7 @@ def test_config_matches_oracle(layouts, oracle_vae, layout):
     assert config.latents_std == std
     assert config.num_layers == oracle_vae.config.decoder_num_layers
     assert config.num_heads == oracle_vae.config.decoder_num_attention_heads
-    assert config.fused is False
+    assert "fused" not in {f.name for f in dataclasses.fields(config)}, "run settings live in Runtime"
 
 
 # ---- only the decoder is read --------------------------------------------------------------------------
@@ -218,9 +233,15 @@ def test_fp16_recipe_casts_only_block_linears(layouts, reference_state, layout, 
         else:
             assert tensor.dtype == torch.float32, key
             assert torch.equal(tensor, reference_state[key]), key
-    for key in ("decoder.x_embedder.weight", "decoder.register_tokens", "decoder.norm_out.weight",
-                "decoder.proj_out.weight", "post_quant_conv.weight", "decoder.transformer_blocks.0.scale1",
-                "decoder.transformer_blocks.0.norm2.weight"):
+    for key in (
+        "decoder.x_embedder.weight",
+        "decoder.register_tokens",
+        "decoder.norm_out.weight",
+        "decoder.proj_out.weight",
+        "post_quant_conv.weight",
+        "decoder.transformer_blocks.0.scale1",
+        "decoder.transformer_blocks.0.norm2.weight",
+    ):
         assert state[key].dtype == torch.float32, key
     assert model.decoder.compute_dtype == torch.float16
 
@@ -239,36 +260,6 @@ def test_unsupported_dtype_raises(layouts, dtype):
     assert not isinstance(info.value, CheckpointError)
 
 
-# ---- fused flag ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("fused", [True, False])
-def test_fused_argument_is_stored(layouts, monkeypatch, fused):
-    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0" if fused else "1")  # the argument wins over the env
-    model = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", fused=fused)
-    assert model.config.fused is fused
-
-
-@pytest.mark.parametrize("env, expected", [("0", False), ("1", True), (" 1 ", True)])
-def test_fused_env_var(layouts, monkeypatch, env, expected):
-    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", env)
-    model = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu")
-    assert model.config.fused is expected
-
-
-@pytest.mark.parametrize("env", ["yes", "true", "2"])
-def test_fused_env_var_invalid(layouts, monkeypatch, env):
-    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", env)
-    with pytest.raises(ValueError, match="MINIMAX_H3_VAE_FUSED") as info:
-        H3VideoDecoder.from_pretrained(layouts["original"], device="cpu")
-    assert repr(env) in str(info.value)
-
-
-def test_fused_default_on_cpu_is_off(layouts, monkeypatch):
-    monkeypatch.delenv("MINIMAX_H3_VAE_FUSED", raising=False)
-    assert H3VideoDecoder.from_pretrained(layouts["original"], device="cpu").config.fused is False
-
-
 # ---- errors --------------------------------------------------------------------------------------------
 
 
@@ -278,29 +269,33 @@ def load_error(path) -> str:
     return str(info.value)
 
 
-def test_missing_tensor_original(layouts, tmp_path):
-    folder = copy_original(layouts, tmp_path)
-    key = "decoder.transformer_blocks.1.ff.w2.bias"
-    rewrite_tensors(folder / "source" / "model.safetensors", lambda t: t.pop(key))
-    message = load_error(folder)
-    assert key in message and "missing" in message
-
-
-def test_missing_tensor_diffusers(layouts, tmp_path):
-    folder = tmp_path / "vae"
-    shutil.copytree(layouts["diffusers"], folder)
-    key = "decoder.transformer_blocks.1.attn.to_k.weight"
-    rewrite_tensors(shard_of(folder, key), lambda t: t.pop(key))
-    message = load_error(folder)
-    assert key in message and "missing" in message
-
-
-def test_missing_tensor_comfyui(layouts, tmp_path):
+def copy_layout(layouts, tmp_path, layout):
+    """A private copy of one layout: (what to load, the file that holds a given stored key)."""
+    if layout == "original":
+        folder = copy_original(layouts, tmp_path)
+        return folder, lambda key: folder / "source" / "model.safetensors"
+    if layout == "diffusers":
+        folder = tmp_path / "vae"
+        shutil.copytree(layouts["diffusers"], folder)
+        return folder, lambda key: shard_of(folder, key)
     path = tmp_path / "vae.safetensors"
     shutil.copy(layouts["comfyui"], path)
-    key = "decoder.transformer_blocks.0.attn.to_out.weight"
-    rewrite_tensors(path, lambda t: t.pop(key))
-    assert key in load_error(path)
+    return path, lambda key: path
+
+
+@pytest.mark.parametrize(
+    "layout, key",
+    [
+        ("original", "decoder.transformer_blocks.1.ff.w2.bias"),
+        ("diffusers", "decoder.transformer_blocks.1.attn.to_k.weight"),  # one of three parts of to_qkv
+        ("comfyui", "decoder.transformer_blocks.0.attn.to_out.weight"),
+    ],
+)
+def test_missing_tensor(layouts, tmp_path, layout, key):
+    source, file_of = copy_layout(layouts, tmp_path, layout)
+    rewrite_tensors(file_of(key), lambda t: t.pop(key))
+    message = load_error(source)
+    assert key in message and "missing" in message
 
 
 def test_unexpected_decoder_tensor(layouts, tmp_path):
@@ -313,15 +308,21 @@ def test_unexpected_decoder_tensor(layouts, tmp_path):
 
 def test_unexpected_encoder_tensor_is_fine(layouts, tmp_path, reference_state):
     folder = copy_original(layouts, tmp_path)
-    rewrite_tensors(folder / "source" / "model.safetensors",
-                    lambda t: t.__setitem__("encoder.something_new.weight", torch.ones(3)))
+    rewrite_tensors(
+        folder / "source" / "model.safetensors", lambda t: t.__setitem__("encoder.something_new.weight", torch.ones(3))
+    )
     state = H3VideoDecoder.from_pretrained(folder, device="cpu").state_dict()
     assert all(torch.equal(v, reference_state[k]) for k, v in state.items())
 
 
-@pytest.mark.parametrize("key, shape", [("decoder.norm_out.weight", (64,)),
-                                         ("decoder.transformer_blocks.0.attn.to_qkv.weight", (384, 64)),
-                                         ("post_quant_conv.weight", (24, 24, 1, 1))])
+@pytest.mark.parametrize(
+    "key, shape",
+    [
+        ("decoder.norm_out.weight", (64,)),
+        ("decoder.transformer_blocks.0.attn.to_qkv.weight", (384, 64)),
+        ("post_quant_conv.weight", (24, 24, 1, 1)),
+    ],
+)
 def test_misshaped_tensor(layouts, tmp_path, key, shape):
     folder = copy_original(layouts, tmp_path)
     rewrite_tensors(folder / "source" / "model.safetensors", lambda t: t.__setitem__(key, torch.zeros(shape)))
@@ -362,8 +363,9 @@ def test_truncated_comfyui(layouts, tmp_path):
     assert "truncated" in load_error(path)
 
 
-@pytest.mark.parametrize("garbage", [b"", b"hello", b"this is not a safetensors file at all\n" * 50,
-                                      (2 ** 40).to_bytes(8, "little") + b"{}"])
+@pytest.mark.parametrize(
+    "garbage", [b"", b"hello", b"this is not a safetensors file at all\n" * 50, (2**40).to_bytes(8, "little") + b"{}"]
+)
 def test_garbage_weights_file(layouts, tmp_path, garbage):
     folder = copy_original(layouts, tmp_path)
     weights = folder / "source" / "model.safetensors"
@@ -447,15 +449,24 @@ def edit_json(path: Path, edit) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda m: m["vit_decoder_kwargs"].update(norm_type="layer_norm"), ["norm_type", "layer_norm", "not supported"]),
-    (lambda m: m["vit_decoder_kwargs"].update(qk_norm_affine=True), ["qk_norm_affine", "not supported"]),
-    (lambda m: m["vit_decoder_kwargs"].update(ffn_activation_fn="gelu"), ["ffn_activation_fn", "gelu"]),
-    (lambda m: m["vit_decoder_kwargs"].update(use_flash_sandwich=True), ["vit_decoder_kwargs", "use_flash_sandwich"]),
-    (lambda m: m.update(pixel_norm_type="minus_one_one"), ["pixel_norm_type", "minus_one_one"]),
-    (lambda m: m.update(use_vit_decoder=False), ["use_vit_decoder"]),
-    (lambda m: m.update(z_channels=16), ["latent channels"]),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda m: m["vit_decoder_kwargs"].update(norm_type="layer_norm"),
+            ["norm_type", "layer_norm", "not supported"],
+        ),
+        (lambda m: m["vit_decoder_kwargs"].update(qk_norm_affine=True), ["qk_norm_affine", "not supported"]),
+        (lambda m: m["vit_decoder_kwargs"].update(ffn_activation_fn="gelu"), ["ffn_activation_fn", "gelu"]),
+        (
+            lambda m: m["vit_decoder_kwargs"].update(use_flash_sandwich=True),
+            ["vit_decoder_kwargs", "use_flash_sandwich"],
+        ),
+        (lambda m: m.update(pixel_norm_type="minus_one_one"), ["pixel_norm_type", "minus_one_one"]),
+        (lambda m: m.update(use_vit_decoder=False), ["use_vit_decoder"]),
+        (lambda m: m.update(z_channels=16), ["latent channels"]),
+    ],
+)
 def test_unsupported_original_config(layouts, tmp_path, edit, words):
     folder = copy_original(layouts, tmp_path)
     edit_json(folder / "source" / "config.json", edit)
@@ -472,11 +483,14 @@ def test_unsupported_wrapper_config(layouts, tmp_path):
     assert "latents_mean has 23 entries" in load_error(folder)
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda c: c.update(_class_name="AutoencoderKLWan"), ["AutoencoderKLWan", "AutoencoderKLMiniMaxH3"]),
-    (lambda c: c.update(decoder_use_magic=True), ["decoder_use_magic"]),
-    (lambda c: c.update(out_channels=4), ["out_channels"]),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda c: c.update(_class_name="AutoencoderKLWan"), ["AutoencoderKLWan", "AutoencoderKLMiniMaxH3"]),
+        (lambda c: c.update(decoder_use_magic=True), ["decoder_use_magic"]),
+        (lambda c: c.update(out_channels=4), ["out_channels"]),
+    ],
+)
 def test_unsupported_diffusers_config(layouts, tmp_path, edit, words):
     folder = tmp_path / "vae"
     shutil.copytree(layouts["diffusers"], folder)
@@ -556,8 +570,10 @@ def fake_hub(tmp_path, monkeypatch, no_network):
 
 def original_files(layouts) -> dict[str, Path]:
     folder = layouts["original"]
-    return {f"FL2VA/video_vae/{name}": folder / name
-            for name in ("config.json", "source/config.json", "source/model.safetensors")}
+    return {
+        f"FL2VA/video_vae/{name}": folder / name
+        for name in ("config.json", "source/config.json", "source/model.safetensors")
+    }
 
 
 def diffusers_files(layouts) -> dict[str, Path]:

@@ -52,7 +52,8 @@ def test_every_block_contributes(layouts, latents, oracle_output):
     out = decoder.decode(latents[:, :, :3, :16, :16])
     with torch.no_grad():
         reference = decoder.__class__.from_pretrained(layouts["original"], device="cpu").decode(
-            latents[:, :, :3, :16, :16])
+            latents[:, :, :3, :16, :16]
+        )
     assert (out - reference).abs().max() > 100 * ATOL
 
 

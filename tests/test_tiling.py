@@ -11,13 +11,16 @@ from minimax_h3_vae.tiling import blend, plan_axis, plan_chunks, plan_tiles, sti
 CONFIG = H3DecoderConfig()
 
 
-@pytest.mark.parametrize("length, starts", [
-    (768, (0, 160, 336, 512)),
-    (1344, (0, 176, 352, 528, 704, 896, 1088)),
-    (480, (0, 112, 224)),
-    (464, (0, 96, 208)),
-    (256, (0,)),
-])
+@pytest.mark.parametrize(
+    "length, starts",
+    [
+        (768, (0, 160, 336, 512)),
+        (1344, (0, 176, 352, 528, 704, 896, 1088)),
+        (480, (0, 112, 224)),
+        (464, (0, 96, 208)),
+        (256, (0,)),
+    ],
+)
 def test_spec_examples(length, starts):
     assert plan_axis(length, 256, 64, 16).starts == starts
 
@@ -49,7 +52,7 @@ def test_stitch_matches_diffusers(oracle_vae):
     """Random tiles on a 288 x 464 grid, composed by the oracle's own stitcher and by ours."""
     plan = plan_tiles(18, 29, CONFIG)
     tiles = [torch.randn(2, 3, 4, 256, 256, generator=torch.Generator().manual_seed(i)) for i in range(plan.count)]
-    grid = [tiles[i * plan.cols.count:(i + 1) * plan.cols.count] for i in range(plan.rows.count)]
+    grid = [tiles[i * plan.cols.count : (i + 1) * plan.cols.count] for i in range(plan.rows.count)]
     expected = oracle_vae._stitch_tiles(grid, list(plan.rows.overlaps), list(plan.cols.overlaps))
     out = stitch(tiles, plan)
     assert out.shape == expected.shape == (2, 3, 4, 288, 464)
@@ -58,7 +61,7 @@ def test_stitch_matches_diffusers(oracle_vae):
 
 def test_stitch_loses_top_left_share_where_overlaps_cross():
     """The release's rule: blend with the RAW tiles above and left, so at a crossing the top-left tile
-    drops out: D'' = C (1 - b) + (1 - a) b B + a b D (spec section 6)."""
+    drops out: D'' = C (1 - b) + (1 - a) b B + a b D (docs/decoder.md, section 5)."""
     plan = plan_tiles(20, 20, CONFIG)  # 320 px: two tiles per axis, overlap 192
     values = {"A": 1.0, "B": 2.0, "C": 4.0, "D": 8.0}
     tiles = [torch.full((1, 256, 256), v) for v in values.values()]
@@ -76,8 +79,7 @@ def test_blend_weights():
     assert blend(old, new[:, :2], 4, -1).tolist() == [[0.0, 0.25]], "a head cut short keeps its weights"
 
 
-@pytest.mark.parametrize("frames, expected", [(1, 1), (2, 5), (3, 9), (7, 22), (8, 26), (12, 39), (17, 56),
-                                              (72, 243)])
+@pytest.mark.parametrize("frames, expected", [(1, 1), (2, 5), (3, 9), (7, 22), (8, 26), (12, 39), (17, 56), (72, 243)])
 def test_frame_counts(frames, expected):
     assert plan_chunks(frames, CONFIG).out_frames == expected
 

@@ -39,7 +39,7 @@ def random_weights(config: H3DecoderConfig, seed: int) -> dict[str, torch.Tensor
             value = 0.5 * noise
         else:
             fan_in = param[0].numel() if param.ndim > 1 else 50
-            value = noise / fan_in ** 0.5
+            value = noise / fan_in**0.5
         tensors[name] = value.contiguous()
     c = config.latent_channels
     tensors["decoder.mask_token"] = torch.zeros(1, 1, config.dim)
@@ -57,20 +57,38 @@ def write_checkpoint(folder: Path, config: H3DecoderConfig, seed: int) -> None:
     root = folder / "video_vae"
     (root / "source").mkdir(parents=True, exist_ok=True)
     wrapper = {
-        "source_path": "source", "source_safetensors_path": "model.safetensors",
-        "vae_clip_length": config.clip_length, "vae_token_drop": config.token_drop,
-        "vae_tile_size": config.tile_size, "vae_tile_overlap_min": config.tile_overlap_min,
-        "vae_decoder_tiling": 1, "latent_channels": config.latent_channels,
-        "latents_mean": list(config.latents_mean), "latents_std": list(config.latents_std),
+        "source_path": "source",
+        "source_safetensors_path": "model.safetensors",
+        "vae_clip_length": config.clip_length,
+        "vae_token_drop": config.token_drop,
+        "vae_tile_size": config.tile_size,
+        "vae_tile_overlap_min": config.tile_overlap_min,
+        "vae_decoder_tiling": 1,
+        "latent_channels": config.latent_channels,
+        "latents_mean": list(config.latents_mean),
+        "latents_std": list(config.latents_std),
     }
     model = {
-        "_class_name": "AutoencoderKLLegacy", "z_channels": config.latent_channels,
-        "embed_dim": config.latent_channels, "vae_ratio": config.patch_size, "vae_ratio_t": config.patch_size_t,
-        "pixel_norm_type": "imagenet", "scaling_factor": 1.0, "shift_factor": 0.0, "use_vit_decoder": True,
+        "_class_name": "AutoencoderKLLegacy",
+        "z_channels": config.latent_channels,
+        "embed_dim": config.latent_channels,
+        "vae_ratio": config.patch_size,
+        "vae_ratio_t": config.patch_size_t,
+        "pixel_norm_type": "imagenet",
+        "scaling_factor": 1.0,
+        "shift_factor": 0.0,
+        "use_vit_decoder": True,
         "vit_decoder_kwargs": {
-            "dim_head": config.head_dim, "heads": config.num_heads, "num_layers": config.num_layers,
-            "rope_dim_ratio": config.rope_dim_ratio, "rope_theta": config.rope_theta, "norm_type": "rms_norm",
-            "norm_affine": True, "qk_norm_type": "rms_norm", "qk_norm_affine": False, "ffn_use_gated": True,
+            "dim_head": config.head_dim,
+            "heads": config.num_heads,
+            "num_layers": config.num_layers,
+            "rope_dim_ratio": config.rope_dim_ratio,
+            "rope_theta": config.rope_theta,
+            "norm_type": "rms_norm",
+            "norm_affine": True,
+            "qk_norm_type": "rms_norm",
+            "qk_norm_affine": False,
+            "ffn_use_gated": True,
             "ffn_activation_fn": "silu",
         },
     }

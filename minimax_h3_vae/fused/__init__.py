@@ -1,67 +1,92 @@
-"""Triton kernels for the decoder's pointwise ops, interchangeable with `blocks.EAGER_OPS`.
+"""Triton kernels for the decoder's pointwise ops and its float32 output projection.
 
-`FUSED_OPS` has the eager ops' signatures. Each call inside a kernel's contract (float32/float16/bfloat16,
-supported shapes and layouts, a CUDA tensor, or a CPU tensor under TRITON_INTERPRET=1) launches the kernel;
-any other call runs the eager reference, so a call never fails or differs just because it is unusual.
+`select_ops(config, device, dtype)` builds a model's ops once: for each op, the kernel's launcher when the
+kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
+`blocks.py`, with one warning naming each kernel left out and why. The ops have the eager signatures; a
+launcher still checks its contract on every call and raises ValueError outside it, never a silent fallback.
 
-Importing this package imports no Triton: a kernel module is imported on the first call that can launch
-it, because `triton.jit` picks compiled or interpreted from TRITON_INTERPRET when the kernel is defined.
+Importing this package imports no Triton: a kernel module is imported when `select_ops` first checks it,
+because `triton.jit` picks compiled or interpreted from TRITON_INTERPRET when the kernel is defined.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import SimpleNamespace
 
 import torch
 
 from .. import blocks
+from ..config import H3DecoderConfig
 from ._common import LAUNCHES, device_problem
 
-__all__ = ["FUSED_OPS", "launch_counts"]
+__all__ = ["launch_counts", "select_ops"]
+
+# op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
+KERNELS = {
+    "rms_norm": "rms_norm",
+    "scale_add_rms_norm": "scale_add_rms_norm",
+    "qk_rms_norm_rope": "qk_rms_norm_rope",
+    "silu_mul": "silu_mul",
+    "linear_fp32": "tf32x3_linear",
+}
 
 
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul', 'tf32x3_linear' (its operand splits)."""
+    'silu_mul', 'tf32x3_linear'."""
     return dict(LAUNCHES)
 
 
-def _call(name: str, reference, *args, launcher: str | None = None):
-    # The device test comes first so a call that cannot launch never imports (and so defines) a kernel.
-    if device_problem([a for a in args if isinstance(a, torch.Tensor)]) is None:
-        kernel = importlib.import_module(f"{__name__}.{name}")
-        if kernel.unsupported(*args) is None:
-            return getattr(kernel, launcher or name)(*args)
-    return reference(*args)
+def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> dict[str, tuple]:
+    """Arguments shaped and laid out as the decoder passes them to each op (two tokens of one tile)."""
+    c = config
+
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    return {
+        "rms_norm": (empty(1, 2, c.dim), empty(c.dim), c.norm_eps, dtype),
+        "scale_add_rms_norm": (
+            empty(1, 2, c.dim),
+            empty(1, 2, c.dim, dtype=dtype),
+            empty(c.dim),
+            empty(c.dim),
+            c.norm_eps,
+            dtype,
+        ),
+        "qk_rms_norm_rope": (
+            empty(1, 2, 3 * c.dim, dtype=dtype),
+            empty(2, c.rope_dim),
+            empty(2, c.rope_dim),
+            c.num_heads,
+            c.norm_eps,
+        ),
+        "silu_mul": (empty(1, 2, 2 * c.ffn_dim, dtype=dtype),),
+        "linear_fp32": (empty(1, 2, c.dim), empty(c.patch_dim, c.dim), empty(c.patch_dim)),
+    }
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
-    return _call("rms_norm", blocks.rms_norm, x, weight, eps, out_dtype)
-
-
-def _scale_add_rms_norm(
-    residual: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor | None, eps: float,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return _call("scale_add_rms_norm", blocks.scale_add_rms_norm, residual, y, scale, weight, eps, out_dtype)
-
-
-def _qk_rms_norm_rope(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _call("qk_rms_norm_rope", blocks.qk_rms_norm_rope, qkv, cos, sin, num_heads, eps)
-
-
-def _silu_mul(h: torch.Tensor) -> torch.Tensor:
-    return _call("silu_mul", blocks.silu_mul, h)
-
-
-def _linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return _call("tf32x3_linear", blocks.linear_fp32, x, weight, bias, launcher="linear_fp32")
-
-
-FUSED_OPS = SimpleNamespace(
-    rms_norm=_rms_norm, scale_add_rms_norm=_scale_add_rms_norm, qk_rms_norm_rope=_qk_rms_norm_rope,
-    silu_mul=_silu_mul, linear_fp32=_linear_fp32,
-)
+def select_ops(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
+    """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
+    can run there, else the eager op (and one warning naming those kernels and why)."""
+    ops, left_out = {}, []
+    for name, args in _model_calls(config, torch.device(device), dtype).items():
+        module = KERNELS[name]
+        # The device test comes first so that a kernel that cannot launch here is never defined.
+        problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
+        if problem is None:
+            kernel = importlib.import_module(f"{__name__}.{module}")
+            problem = kernel.unsupported(*args)
+        if problem is None:
+            ops[name] = getattr(kernel, name)
+        else:
+            ops[name] = getattr(blocks.EAGER_OPS, name)
+            left_out.append(f"{module} ({problem})")
+    if left_out:
+        warnings.warn(
+            f"fused path on {device} with {dtype}: running eagerly in place of the kernel(s) {'; '.join(left_out)}",
+            stacklevel=3,
+        )
+    return SimpleNamespace(**ops)

@@ -43,8 +43,10 @@ def device_problem(tensors, kernel_interpreted: bool = True) -> str | None:
     device = devices.pop()
     if device.type == "cuda" or (device.type == "cpu" and interpreting() and kernel_interpreted):
         return None
-    return (f"tensors on {device} need a CUDA device, or the CPU with TRITON_INTERPRET=1 set before the "
-            f"kernels were first used")
+    return (
+        f"tensors on {device} need a CUDA device, or the CPU with TRITON_INTERPRET=1 set before the "
+        f"kernels were first used"
+    )
 
 
 def grad_problem(tensors) -> str | None:

@@ -31,15 +31,29 @@ def _norm_rope(ptrs, partner_ptrs, mask, cos, sin, is_rotary, eps, HEAD_DIM: tl.
     scale = inv_rms(x, HEAD_DIM, eps)[:, None]
     normed = to_dtype(x * scale, dtype).to(tl.float32)
     partner = to_dtype(x_partner * scale, dtype).to(tl.float32)
-    rotated = (to_dtype(normed * cos, dtype).to(tl.float32)
-               + to_dtype(partner * sin, dtype).to(tl.float32))
+    rotated = to_dtype(normed * cos, dtype).to(tl.float32) + to_dtype(partner * sin, dtype).to(tl.float32)
     return to_dtype(tl.where(is_rotary[None, :], rotated, normed), dtype)
 
 
 @triton.jit
-def _qk_rms_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, seq_len, stride_qkv_b, stride_qkv_s,
-                             stride_cos_s, stride_cos_r, stride_sin_s, stride_sin_r, eps,
-                             HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+def _qk_rms_norm_rope_kernel(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    k_ptr,
+    seq_len,
+    stride_qkv_b,
+    stride_qkv_s,
+    stride_cos_s,
+    stride_cos_r,
+    stride_sin_s,
+    stride_sin_r,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """qkv: (B, S, 3 * H * HEAD_DIM) any float dtype, per-head interleaved [q | k | v], unit column stride.
     cos, sin: (S, ROTARY_DIM) float32, any strides, shared by every batch entry. q, k: (B, S, H, HEAD_DIM)
     contiguous, qkv's dtype. Grid: (S blocks of BLOCK_S tokens, H, B)."""
@@ -64,11 +78,9 @@ def _qk_rms_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, seq_len, s
     q_row = qkv_ptr + batch.to(tl.int64) * stride_qkv_b + tokens * stride_qkv_s + head * 3 * HEAD_DIM
     k_row = q_row + HEAD_DIM
     out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
-    q = _norm_rope(q_row + dims[None, :], q_row + partner[None, :], mask, cos, sin, is_rotary, eps,
-                   HEAD_DIM, dtype)
+    q = _norm_rope(q_row + dims[None, :], q_row + partner[None, :], mask, cos, sin, is_rotary, eps, HEAD_DIM, dtype)
     tl.store(q_ptr + out, q, mask=mask)
-    k = _norm_rope(k_row + dims[None, :], k_row + partner[None, :], mask, cos, sin, is_rotary, eps,
-                   HEAD_DIM, dtype)
+    k = _norm_rope(k_row + dims[None, :], k_row + partner[None, :], mask, cos, sin, is_rotary, eps, HEAD_DIM, dtype)
     tl.store(k_ptr + out, k, mask=mask)
 
 
@@ -82,8 +94,11 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
         return "qkv, cos and sin must be tensors"
     if qkv.dim() != 3 or qkv.stride(-1) != 1:
         return f"qkv must be (B, S, 3 * H * D) with a contiguous last dim, got shape {tuple(qkv.shape)}"
-    problem = dtype_problem("qkv", qkv.dtype) or dtype_problem("cos", cos.dtype, (torch.float32,)) \
+    problem = (
+        dtype_problem("qkv", qkv.dtype)
+        or dtype_problem("cos", cos.dtype, (torch.float32,))
         or dtype_problem("sin", sin.dtype, (torch.float32,))
+    )
     if problem:
         return problem
     if not isinstance(num_heads, int) or isinstance(num_heads, bool) or not 0 < num_heads <= MAX_GRID_YZ:
@@ -97,20 +112,22 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
     if batch > MAX_GRID_YZ:
         return f"batch must be <= {MAX_GRID_YZ}, got {batch}"
     if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != seq:
-        return (f"cos and sin must both be (S, R) with S={seq}, got {tuple(cos.shape)} and "
-                f"{tuple(sin.shape)}")
+        return f"cos and sin must both be (S, R) with S={seq}, got {tuple(cos.shape)} and {tuple(sin.shape)}"
     rotary = cos.shape[-1]
     if rotary % 2 or not 0 < rotary <= head_dim:
         return f"rotary dims must be even, positive and <= head_dim={head_dim}, got {rotary}"
     if not is_number(eps):
         return f"eps must be a real number, got {type(eps).__name__}"
     tensors = (qkv, cos, sin)
-    return (device_problem(tensors, built_for_interpreter(_qk_rms_norm_rope_kernel))
-            or grad_problem(tensors))
+    return device_problem(tensors, built_for_interpreter(_qk_rms_norm_rope_kernel)) or grad_problem(tensors)
 
 
 def qk_rms_norm_rope(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, eps: float,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`blocks.qk_rms_norm_rope` in one launch.
 
@@ -134,8 +151,24 @@ def qk_rms_norm_rope(
         return q, k, v
     block_s = max(1, _TILE // head_dim)
     _qk_rms_norm_rope_kernel[(triton.cdiv(seq, block_s), num_heads, batch)](
-        qkv, cos, sin, q, k, seq, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), sin.stride(0),
-        sin.stride(1), float(eps), HEAD_DIM=head_dim, ROTARY_DIM=cos.shape[-1], BLOCK_S=block_s, num_warps=4,
-        **NO_FMA)
+        qkv,
+        cos,
+        sin,
+        q,
+        k,
+        seq,
+        qkv.stride(0),
+        qkv.stride(1),
+        cos.stride(0),
+        cos.stride(1),
+        sin.stride(0),
+        sin.stride(1),
+        float(eps),
+        HEAD_DIM=head_dim,
+        ROTARY_DIM=cos.shape[-1],
+        BLOCK_S=block_s,
+        num_warps=4,
+        **NO_FMA,
+    )
     count_launch("qk_rms_norm_rope")
     return q, k, v

@@ -7,16 +7,25 @@ import triton
 import triton.language as tl
 
 from ..blocks import rms_norm as rms_norm_reference
-from ._common import (MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number,
-                      row_vector_problem)
+from ._common import (
+    MAX_ROW_WIDTH,
+    as_rows,
+    count_launch,
+    device_problem,
+    dtype_problem,
+    grad_problem,
+    is_number,
+    row_vector_problem,
+)
 from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
 
 __all__ = ["rms_norm", "rms_norm_reference", "unsupported"]
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_x, eps,
-                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_x, eps, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+):
     """x: (n_rows, n_cols) any float dtype, row stride `stride_x`, unit column stride. w: (n_cols,) float32.
     out: (n_rows, n_cols) contiguous. Each program normalises BLOCK_R rows."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -35,8 +44,11 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
     """Why `rms_norm(x, weight, eps, out_dtype)` is outside the kernel's contract, or None."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         return "x must be a tensor with at least one dim"
-    problem = (dtype_problem("x", x.dtype) or dtype_problem("out_dtype", out_dtype)
-               or row_vector_problem("weight", weight, x.shape[-1]))
+    problem = (
+        dtype_problem("x", x.dtype)
+        or dtype_problem("out_dtype", out_dtype)
+        or row_vector_problem("weight", weight, x.shape[-1])
+    )
     if problem:
         return problem
     if x.shape[-1] > MAX_ROW_WIDTH:
@@ -65,7 +77,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
         return out
     block_r, block_c, num_warps = row_tiling(n_cols)
     _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), BLOCK_R=block_r, BLOCK_C=block_c,
-        num_warps=num_warps, **NO_FMA)
+        rows,
+        weight,
+        out,
+        n_rows,
+        n_cols,
+        rows.stride(0),
+        float(eps),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=num_warps,
+        **NO_FMA,
+    )
     count_launch("rms_norm")
     return out

@@ -7,16 +7,37 @@ import triton
 import triton.language as tl
 
 from ..blocks import scale_add_rms_norm as scale_add_rms_norm_reference
-from ._common import (MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number,
-                      row_vector_problem)
+from ._common import (
+    MAX_ROW_WIDTH,
+    as_rows,
+    count_launch,
+    device_problem,
+    dtype_problem,
+    grad_problem,
+    is_number,
+    row_vector_problem,
+)
 from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
 
 __all__ = ["scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
 
 
 @triton.jit
-def _scale_add_rms_norm_kernel(res_ptr, y_ptr, scale_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_res, stride_y,
-                               eps, NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _scale_add_rms_norm_kernel(
+    res_ptr,
+    y_ptr,
+    scale_ptr,
+    w_ptr,
+    out_ptr,
+    n_rows,
+    n_cols,
+    stride_res,
+    stride_y,
+    eps,
+    NORM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """res: (n_rows, n_cols) float32, row stride `stride_res`, updated in place. y: (n_rows, n_cols) any float
     dtype, row stride `stride_y`. scale, w: (n_cols,) float32. out: (n_rows, n_cols) contiguous, written only
     when NORM (w and out are unused otherwise). Unit column strides throughout."""
@@ -62,12 +83,15 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
         if not is_number(eps):
             return f"eps must be a real number, got {type(eps).__name__}"
         tensors.append(weight)
-    return (device_problem(tensors, built_for_interpreter(_scale_add_rms_norm_kernel))
-            or grad_problem(tensors))
+    return device_problem(tensors, built_for_interpreter(_scale_add_rms_norm_kernel)) or grad_problem(tensors)
 
 
 def scale_add_rms_norm(
-    residual: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    residual: torch.Tensor,
+    y: torch.Tensor,
+    scale: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32, then its RMSNorm.
@@ -89,8 +113,21 @@ def scale_add_rms_norm(
         return residual, normed
     block_r, block_c, num_warps = row_tiling(n_cols)
     _scale_add_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        res_rows, y_rows, scale, weight if norm else scale, normed if norm else res_rows, n_rows, n_cols,
-        res_rows.stride(0), y_rows.stride(0), float(eps) if norm else 0.0, NORM=norm, BLOCK_R=block_r,
-        BLOCK_C=block_c, num_warps=num_warps, **NO_FMA)
+        res_rows,
+        y_rows,
+        scale,
+        weight if norm else scale,
+        normed if norm else res_rows,
+        n_rows,
+        n_cols,
+        res_rows.stride(0),
+        y_rows.stride(0),
+        float(eps) if norm else 0.0,
+        NORM=norm,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=num_warps,
+        **NO_FMA,
+    )
     count_launch("scale_add_rms_norm")
     return residual, normed

@@ -72,7 +72,14 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(half, _BLOCK))](
-        rows, out, half, rows.stride(0), BLOCK=_BLOCK, LIBDEVICE_EXP=not built_for_interpreter(_silu_mul_kernel),
-        num_warps=8, **NO_FMA)
+        rows,
+        out,
+        half,
+        rows.stride(0),
+        BLOCK=_BLOCK,
+        LIBDEVICE_EXP=not built_for_interpreter(_silu_mul_kernel),
+        num_warps=8,
+        **NO_FMA,
+    )
     count_launch("silu_mul")
     return out

@@ -1,0 +1,93 @@
+"""Tile-parallel decoding under torch.distributed: who decodes which tiles, and the gather.
+
+Every rank calls `decode` with the same latents. For each temporal chunk, `decode_shared` gives each rank a
+contiguous share of the tiles, lets it decode them, and gathers the decoded tiles in tile order, on every
+rank or only on the output rank. Without an initialised process group it is a plain loop on one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the initialised default process group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def receives_output(output_rank: int | None) -> bool:
+    """Whether this rank gets the decoded video: every rank when `output_rank` is None, else only that one."""
+    return output_rank is None or rank_and_world()[0] == output_rank
+
+
+def split_balanced(count: int, parts: int) -> list[tuple[int, int]]:
+    """`count` items in `parts` contiguous ranges whose sizes differ by at most one (the larger first)."""
+    base, extra = divmod(count, parts)
+    bounds = [0]
+    for part in range(parts):
+        bounds.append(bounds[-1] + base + (part < extra))
+    return list(zip(bounds, bounds[1:]))
+
+
+def plan_tile_calls(tiles: int, tile_batch: int | None, ranks: int) -> list[list[tuple[int, int]]]:
+    """Which tiles each rank decodes, as a list of decoder calls (start, end) per rank.
+
+    With a tile batch, the tiles are cut into calls of `tile_batch` in order, whatever the number of ranks,
+    and each rank takes a balanced run of consecutive calls: every call, and so every decoded value, is the
+    same as in a single-process decode with that tile batch. Without one, each rank takes one balanced
+    share, to be cut further by the caller only if it does not fit in memory.
+    """
+    if tile_batch is None:
+        return [[share] if share[1] > share[0] else [] for share in split_balanced(tiles, ranks)]
+    calls = [(start, min(start + tile_batch, tiles)) for start in range(0, tiles, tile_batch)]
+    return [calls[a:b] for a, b in split_balanced(len(calls), ranks)]
+
+
+def decode_shared(
+    count: int,
+    tile_batch: int | None,
+    output_rank: int | None,
+    allocate: Callable[[int], torch.Tensor],
+    decode_range: Callable[[int, int, torch.Tensor], None],
+) -> torch.Tensor | None:
+    """Decode `count` tiles across the ranks; return all of them, in order, where the output is received.
+
+    allocate(n) returns an empty (n, ...) buffer for n decoded tiles; decode_range(start, end, out) decodes
+    tiles [start, end) into `out` (end - start tiles). Returns the (count, ...) decoded tiles, or None on a
+    rank that does not receive the output (see `receives_output`).
+    """
+    rank, ranks = rank_and_world()
+    calls = plan_tile_calls(count, tile_batch, ranks)
+    counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
+    local = allocate(counts[rank])
+    first = calls[rank][0][0] if calls[rank] else 0
+    for start, end in calls[rank]:
+        decode_range(start, end, local[start - first : end - first])
+    if ranks == 1:
+        return local
+    return _gather(local, counts, output_rank)
+
+
+def _gather(local: torch.Tensor, counts: list[int], output_rank: int | None) -> torch.Tensor | None:
+    """Every rank's decoded tiles (rank r holds counts[r]), concatenated in rank order, where received."""
+    import torch.distributed as dist
+
+    # Collectives move equal shapes: pad every share to the largest.
+    padded = local.new_zeros(max(counts), *local.shape[1:])
+    padded[: local.shape[0]] = local
+    if output_rank is None:
+        gathered = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(gathered, padded)
+    elif dist.get_rank() == output_rank:
+        gathered = [torch.empty_like(padded) for _ in counts]
+        dist.gather(padded, gathered, dst=output_rank)
+    else:
+        dist.gather(padded, None, dst=output_rank)
+        return None
+    return torch.cat([part[:count] for part, count in zip(gathered, counts)])

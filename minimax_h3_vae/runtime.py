@@ -1,0 +1,130 @@
+"""How a loaded decoder runs, as opposed to what it is.
+
+`H3DecoderConfig` (config.py) is frozen and describes the checkpoint. `Runtime` holds this process's
+choices for running it: the fused or eager ops, tiles per decoder call, which rank receives the output
+under torch.distributed, and the attention backends. The resolvers below turn user-facing arguments
+(device, dtype, the MINIMAX_H3_VAE_FUSED variable) into those choices, with one clear error each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+# SDPA backends in order of preference (names of torch.nn.attention.SDPBackend): cuDNN is the fastest on
+# Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
+ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
+
+
+@dataclass
+class Runtime:
+    """Per-model run settings; every assignment is validated, so a bad value fails where it is set.
+
+    fused: run the Triton kernels of `minimax_h3_vae.fused` (the model picks its ops from this once).
+    tile_batch: tiles per decoder call, an int >= 1; None chooses from free memory.
+    output_rank: under torch.distributed, the one rank that receives the decoded video (None: every rank).
+    attention_backends: SDPA backend names, most preferred first.
+    """
+
+    fused: bool = False
+    tile_batch: int | None = None
+    output_rank: int | None = None
+    attention_backends: tuple[str, ...] = ATTENTION_BACKENDS
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, _VALIDATORS[name](value))
+
+    def replace(self, **changes) -> Runtime:
+        return dataclasses.replace(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fused(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"fused must be True or False, got {value!r}")
+    return value
+
+
+def _check_tile_batch(value) -> int | None:
+    if value is not None and not (_is_int(value) and value >= 1):
+        raise ValueError(f"tile_batch must be a whole number of tiles >= 1 (or None for automatic), got {value!r}")
+    return value
+
+
+def _check_output_rank(value) -> int | None:
+    if value is not None and not (_is_int(value) and value >= 0):
+        raise ValueError(f"output_rank must be a rank number >= 0 (or None for every rank), got {value!r}")
+    return value
+
+
+def _check_backends(value) -> tuple[str, ...]:
+    from torch.nn.attention import SDPBackend
+
+    names = (value,) if isinstance(value, str) else tuple(value)
+    unknown = [name for name in names if not hasattr(SDPBackend, str(name))]
+    if not names or unknown:
+        raise ValueError(f"attention_backends must name SDPBackend members (e.g. {ATTENTION_BACKENDS}), got {value!r}")
+    return names
+
+
+_VALIDATORS = {
+    "fused": _check_fused,
+    "tile_batch": _check_tile_batch,
+    "output_rank": _check_output_rank,
+    "attention_backends": _check_backends,
+}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to run on: as given, else CUDA when available, else the CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a device name: use 'cpu', 'cuda' or 'cuda:N'") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: no CUDA device is available; use 'cpu'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    elif resolved.type != "cpu":
+        raise ValueError(f"device {device!r} is not supported: use 'cpu' or 'cuda'")
+    return resolved
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """The recipe's compute dtype: float32, or float16 for the release's fp16 recipe (default on CUDA)."""
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    named = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+    resolved = named.get(dtype) if isinstance(dtype, str) else dtype
+    if resolved not in (torch.float32, torch.float16):
+        raise ValueError(f"dtype {dtype!r} is not supported: use torch.float32 ('fp32') or 'fp16' (release recipe)")
+    return resolved
+
+
+def resolve_fused(fused: bool | None, device: torch.device) -> bool:
+    """Explicit argument, else MINIMAX_H3_VAE_FUSED=0|1, else on for CUDA when Triton is importable."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    if fused is None:
+        env = os.environ.get(FUSED_ENV, "").strip()
+        if env and env not in ("0", "1"):
+            raise ValueError(f"{FUSED_ENV}={env!r}: set it to 0 or 1")
+        fused = env == "1" if env else device.type == "cuda" and has_triton
+    fused = _check_fused(fused)
+    if fused and not has_triton:
+        raise ValueError(
+            "the fused path needs Triton (pip install triton); "
+            f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
+        )
+    return fused
