@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
 from . import distributed, tiling
+from .config import H3DecoderConfig
 from .latents import check_latents
 
 if TYPE_CHECKING:
@@ -24,25 +27,78 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]
 
 
-def auto_tile_batch(model: H3VideoDecoder, tile_tokens: int) -> int:
-    """Tiles per decoder call that fit in 80% of the free GPU memory (all of them on the CPU)."""
-    if model.device.type != "cuda":
-        return 2**31 - 1
-    free, _ = torch.cuda.mem_get_info(model.device)
+# With offload="blocks" the automatic tile batch stops at 4: on the H200, 4 tiles per call run within ~5% of
+# 28 (benchmarks/RESULTS.md), and the small batch is what keeps the streamed decode's memory small.
+STREAMED_TILE_BATCH = 4
+
+
+def _tile_bytes(config: H3DecoderConfig, element: int, tokens: int) -> int:
+    """A conservative count of one tile's live activations at the FFN's peak: w1's output and the gate in
+    the compute dtype (`element` bytes), the fp32 residual and its temporaries, and the tile's fp32 pixels."""
+    c = config
+    return tokens * ((4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim + 3 * c.patch_dim * 4)
+
+
+def reserve_bytes(config: H3DecoderConfig, element: int, height: int = 768, width: int = 1344) -> int:
+    """Device memory beyond the weights that one temporal window of a `height` x `width` video needs at one
+    tile per call: the decoded tiles, the stitched frame and the one before it, one tile's activations.
+    offload="auto" keeps the weights resident only if this much is left beside them."""
+    c = config
+    frames = c.chunk_latents + c.chunk_overlap_latents
+    plan = tiling.plan_tiles(height // c.patch_size, width // c.patch_size, c)
+    tile_h, tile_w = plan.latent_tile_shape
+    tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
+    pixels = c.out_channels * frames * c.patch_size_t
+    return 4 * pixels * (plan.count * plan.rows.size * plan.cols.size + 2 * height * width) + _tile_bytes(
+        c, element, tokens
+    )
+
+
+def _host_available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux), else the physical pages left, else unbounded."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def auto_tile_batch(model: H3VideoDecoder, tiles: int, tokens: int, held_bytes: int) -> int:
+    """Tiles per decoder call for `tiles` tiles of `tokens` tokens, when no tile batch is set.
+
+    CUDA: what fits in 80% of the free memory and, with `max_gpu_memory`, in the cap less what the decoder
+    holds (its device weights, the streaming slots, and `held_bytes` of this window's buffers). CPU: half
+    the available host memory. With offload="blocks" every tile's residual stream stays on the device as
+    well, and the batch stops at STREAMED_TILE_BATCH.
+    """
     c = model.config
+    layer_major = model.runtime.offload == "blocks"
     element = torch.finfo(model.compute_dtype).bits // 8
-    # A conservative count of the live activations per token at the FFN's peak: w1's output and the
-    # gate in the compute dtype, the fp32 residual and its temporaries, and the tile's fp32 pixels.
-    per_token = (4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim + 3 * c.patch_dim * 4
-    return max(1, int(0.8 * free) // (per_token * tile_tokens))
+    state = tiles * tokens * c.dim * (4 + element) if layer_major else 0
+    if model.device.type == "cuda":
+        budget = int(0.8 * torch.cuda.mem_get_info(model.device)[0]) - state
+        cap = model.runtime.max_gpu_memory
+        if cap is not None:
+            budget = min(budget, cap - model.device_bytes() - held_bytes - state)
+    else:
+        budget = _host_available_bytes() // 2 - state
+    batch = max(1, budget // _tile_bytes(c, element, tokens))
+    return min(batch, STREAMED_TILE_BATCH) if layer_major else batch
 
 
 def decode_window(model: H3VideoDecoder, z: torch.Tensor, advance: Callable[[int], None]) -> torch.Tensor | None:
     """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
 
     The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many as
-    fit in free GPU memory), shared across ranks under torch.distributed. Returns None on a rank that does
-    not receive the output. advance(n) is called as n tiles finish.
+    fit, `auto_tile_batch`), shared across ranks under torch.distributed; with offload="blocks", layer-major
+    over all of this rank's tiles. Returns None on a rank that does not receive the output. advance(n) is
+    called as n tiles finish.
     """
     c = model.config
     plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c)
@@ -53,21 +109,30 @@ def decode_window(model: H3VideoDecoder, z: torch.Tensor, advance: Callable[[int
     tile_batch = model.runtime.tile_batch
     done = 0
 
-    def decode_range(start: int, end: int, out: torch.Tensor) -> None:
+    def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
         nonlocal done
-        step = tile_batch or auto_tile_batch(model, tokens)
-        for part in range(start, end, step):
-            stop = min(part + step, end)
-            model.decode_tiles(tiles[part:stop], out[part - start : stop - start])
-            advance(stop - part)
-            done += stop - part
+        first, count = calls[0][0], calls[-1][1] - calls[0][0]
+        # This window's buffers: the decoded tiles, the stitched frame, and the held tail of the last one.
+        frame = (plan.rows.starts[-1] + plan.rows.size) * (plan.cols.starts[-1] + plan.cols.size)
+        held = 4 * (out.numel() + 2 * z.shape[0] * math.prod(tile_shape[:2]) * frame)
+        step = tile_batch or auto_tile_batch(model, count, tokens, held)
+        parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
+        inputs = [tiles[a:b] for a, b in parts]
+        outputs = [out[a - first : b - first] for a, b in parts]
+        if model.runtime.offload == "blocks":
+            model.decode_tiles_layer_major(inputs, outputs, advance)
+        else:
+            for tile_input, tile_output in zip(inputs, outputs):
+                model.decode_tiles(tile_input, tile_output)
+                advance(tile_input.shape[0])
+        done += count
 
     decoded = distributed.decode_shared(
         tiles.shape[0],
         tile_batch,
         model.runtime.output_rank,
         lambda n: tiles.new_empty(n, *tile_shape, dtype=torch.float32),
-        decode_range,
+        decode_calls,
     )
     if decoded is None:
         return None

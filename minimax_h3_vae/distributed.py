@@ -54,21 +54,21 @@ def decode_shared(
     tile_batch: int | None,
     output_rank: int | None,
     allocate: Callable[[int], torch.Tensor],
-    decode_range: Callable[[int, int, torch.Tensor], None],
+    decode_calls: Callable[[list[tuple[int, int]], torch.Tensor], None],
 ) -> torch.Tensor | None:
     """Decode `count` tiles across the ranks; return all of them, in order, where the output is received.
 
-    allocate(n) returns an empty (n, ...) buffer for n decoded tiles; decode_range(start, end, out) decodes
-    tiles [start, end) into `out` (end - start tiles). Returns the (count, ...) decoded tiles, or None on a
-    rank that does not receive the output (see `receives_output`).
+    allocate(n) returns an empty (n, ...) buffer for n decoded tiles; decode_calls(calls, out) decodes this
+    rank's calls, a list of consecutive tile ranges (start, end), into `out`, whose first row is tile
+    calls[0][0]. Returns the (count, ...) decoded tiles, or None on a rank that does not receive the output
+    (see `receives_output`).
     """
     rank, ranks = rank_and_world()
     calls = plan_tile_calls(count, tile_batch, ranks)
     counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
     local = allocate(counts[rank])
-    first = calls[rank][0][0] if calls[rank] else 0
-    for start, end in calls[rank]:
-        decode_range(start, end, local[start - first : end - first])
+    if calls[rank]:
+        decode_calls(calls[rank], local)
     if ranks == 1:
         return local
     return _gather(local, counts, output_rank)

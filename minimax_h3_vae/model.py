@@ -6,6 +6,7 @@ Module names equal the original release's keys, so the original checkpoint loads
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -18,8 +19,16 @@ from torch import nn
 from . import decoding
 from .blocks import EAGER_OPS, DecoderBlock
 from .config import H3DecoderConfig
+from .offload import BlockStreamer
 from .rope import RotaryTable, rotary_table, token_positions
-from .runtime import Runtime, resolve_device, resolve_dtype, resolve_fused
+from .runtime import (
+    Runtime,
+    resolve_device,
+    resolve_dtype,
+    resolve_fused,
+    resolve_max_gpu_memory,
+    resolve_offload,
+)
 
 if TYPE_CHECKING:
     from .loading import Checkpoint
@@ -57,33 +66,57 @@ class ViTDecoder(nn.Module):
             self._rotary_cache[key] = rotary_table(positions, self.config.rope_dim, self.config.rope_theta)
         return self._rotary_cache[key]
 
-    def forward(
-        self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """z: (N, C, t, h, w) float32 latents after post_quant_conv -> (N, 3, 4t, 16h, 16w) float32, written
-        into `out` when given (un-patchified in the one copy)."""
+    def embed(self, z: torch.Tensor, ops: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
+        """z: (N, C, t, h, w) float32 latents after post_quant_conv -> the first block's input: the residual
+        stream (N, S, dim) float32 with the register and zero tokens appended, and its norm1 in the compute
+        dtype."""
         c = self.config
-        n, _, frames, height, width = z.shape
+        n = z.shape[0]
         tokens = self.x_embedder(z.flatten(2).transpose(1, 2))
         suffix = torch.cat(
             [self.register_tokens.expand(n, -1, -1).to(tokens.dtype), tokens.new_zeros(n, 1, c.dim)], dim=1
         )
         residual = torch.cat([tokens, suffix], dim=1)
-        rotary = self.rotary(frames, height, width)
+        norm1 = self.transformer_blocks[0].norm1.weight
+        return residual, ops.rms_norm(residual, norm1, c.norm_eps, self.compute_dtype)
+
+    def block(
+        self, i: int, residual: torch.Tensor, normed: torch.Tensor, rotary: RotaryTable, ops: SimpleNamespace
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block i on (residual, its normed input); returns the new residual and the next block's normed input
+        (None after the last block)."""
         blocks = self.transformer_blocks
-        normed = ops.rms_norm(residual, blocks[0].norm1.weight, c.norm_eps, self.compute_dtype)
-        for i, block in enumerate(blocks):
-            next_norm = blocks[i + 1].norm1.weight if i + 1 < len(blocks) else None
-            residual, normed = block(residual, normed, rotary, ops, next_norm)
+        next_norm = blocks[i + 1].norm1.weight if i + 1 < len(blocks) else None
+        return blocks[i](residual, normed, rotary, ops, next_norm)
+
+    def head(self, residual: torch.Tensor, shape: tuple[int, int, int], ops: SimpleNamespace, out: torch.Tensor):
+        """residual (N, S, dim) after the last block, tiles of latent shape (t, h, w) -> pixels
+        (N, 3, 4t, 16h, 16w) float32 written into `out` (un-patchified in the one copy)."""
+        c = self.config
+        frames, height, width = shape
+        n = residual.shape[0]
         patches = ops.linear_fp32(
             self.norm_out(residual[:, : frames * height * width]), self.proj_out.weight, self.proj_out.bias
         )
         p, pt = c.patch_size, c.patch_size_t
         patches = patches.view(n, frames, height, width, c.out_channels, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
-        if out is None:
-            out = patches.new_empty(n, c.out_channels, frames * pt, height * p, width * p)
         out.view(n, c.out_channels, frames, pt, height, p, width, p).copy_(patches)
         return out
+
+    def forward(
+        self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """z: (N, C, t, h, w) float32 latents after post_quant_conv -> (N, 3, 4t, 16h, 16w) float32, written
+        into `out` when given."""
+        c = self.config
+        n, _, frames, height, width = z.shape
+        if out is None:
+            out = z.new_empty(n, c.out_channels, frames * c.patch_size_t, height * c.patch_size, width * c.patch_size)
+        residual, normed = self.embed(z, ops)
+        rotary = self.rotary(frames, height, width)
+        for i in range(len(self.transformer_blocks)):
+            residual, normed = self.block(i, residual, normed, rotary, ops)
+        return self.head(residual, (frames, height, width), ops, out)
 
 
 class H3VideoDecoder(nn.Module):
@@ -100,6 +133,7 @@ class H3VideoDecoder(nn.Module):
         self.post_quant_conv = nn.Conv3d(config.latent_channels, config.latent_channels, kernel_size=1)
         self.decoder = ViTDecoder(config)
         self._ops: tuple[tuple, SimpleNamespace] | None = None
+        self._streamer: BlockStreamer | None = None
 
     @classmethod
     def from_pretrained(
@@ -111,6 +145,8 @@ class H3VideoDecoder(nn.Module):
         fused: bool | None = None,
         revision: str | None = None,
         tile_batch: int | None = None,
+        offload: str = "auto",
+        max_gpu_memory: float | None = None,
     ) -> H3VideoDecoder:
         """Load the decoder from a hub repo id, a local repo root, an original `video_vae/` folder, a
         diffusers `vae/` folder, or a single ComfyUI `.safetensors` file.
@@ -120,6 +156,10 @@ class H3VideoDecoder(nn.Module):
         residual stream, x_embedder and proj_out in fp32. fused: use the Triton kernels; default from
         MINIMAX_H3_VAE_FUSED, else on when the model is on CUDA and Triton is importable. tile_batch:
         tiles per decoder call; default: as many as fit in free GPU memory (1 fits a 12 GB card).
+        offload: "none" (all weights on the device), "blocks" (block linears in pinned host memory, streamed
+        one block at a time, layer-major over each chunk's tiles), or "auto" (default): resident when the
+        weights and a working reserve fit in `max_gpu_memory` or the free GPU memory, else "blocks".
+        max_gpu_memory: GiB the decoder may hold on the GPU, weights included (None: what is free).
         """
         from .loading import load_checkpoint
 
@@ -127,9 +167,18 @@ class H3VideoDecoder(nn.Module):
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         fused = resolve_fused(fused, device)
-        Runtime(fused=fused, tile_batch=tile_batch)
+        Runtime(fused=fused, tile_batch=tile_batch, max_gpu_memory=resolve_max_gpu_memory(max_gpu_memory))
+        resolve_offload(offload, torch.device("cpu"), 0, 0, None)  # the name only; the choice needs the sizes
         checkpoint = load_checkpoint(source, revision=revision)
-        return cls.from_checkpoint(checkpoint, device=device, dtype=dtype, fused=fused, tile_batch=tile_batch)
+        return cls.from_checkpoint(
+            checkpoint,
+            device=device,
+            dtype=dtype,
+            fused=fused,
+            tile_batch=tile_batch,
+            offload=offload,
+            max_gpu_memory=max_gpu_memory,
+        )
 
     @classmethod
     def from_checkpoint(
@@ -140,19 +189,34 @@ class H3VideoDecoder(nn.Module):
         dtype: torch.dtype | str | None = None,
         fused: bool | None = None,
         tile_batch: int | None = None,
+        offload: str = "auto",
+        max_gpu_memory: float | None = None,
     ) -> H3VideoDecoder:
         """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
         memory, `loading.checkpoint_in_memory`); the arguments are those of `from_pretrained`."""
         device = resolve_device(device)
-        half = resolve_dtype(dtype, device) == torch.float16
-        runtime = Runtime(fused=resolve_fused(fused, device), tile_batch=tile_batch)
+        linear_dtype = resolve_dtype(dtype, device)
+        cap = resolve_max_gpu_memory(max_gpu_memory)
         with torch.device("meta"):
-            model = cls(checkpoint.config, runtime)
+            model = cls(checkpoint.config, Runtime(fused=resolve_fused(fused, device), tile_batch=tile_batch))
         expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-        state_dict = {
-            key: tensor.to(device=device, dtype=torch.float16 if half and _is_block_linear(key) else torch.float32)
-            for key, tensor in checkpoint.tensors(expected)
-        }
+        element = torch.finfo(linear_dtype).bits // 8
+        linear_bytes = sum(math.prod(shape) * element for key, shape in expected.items() if _is_block_linear(key))
+        other_bytes = sum(4 * math.prod(shape) for key, shape in expected.items() if not _is_block_linear(key))
+        reserve = decoding.reserve_bytes(checkpoint.config, element)
+        model.runtime.offload = resolve_offload(offload, device, linear_bytes + other_bytes, reserve, cap)
+        model.runtime.max_gpu_memory = cap
+        # Block linears go straight to where they will live: the device, or (streamed) pinned host memory.
+        streamed = model.runtime.offload == "blocks"
+        linear_home = torch.device("cpu") if streamed else device
+        pin = streamed and device.type == "cuda"
+        state_dict = {}
+        for key, tensor in checkpoint.tensors(expected):
+            if _is_block_linear(key):
+                tensor = tensor.to(device=linear_home, dtype=linear_dtype)
+                state_dict[key] = tensor.pin_memory() if pin else tensor
+            else:
+                state_dict[key] = tensor.to(device=device, dtype=torch.float32)
         model.load_state_dict(state_dict, strict=True, assign=True)
         return model.eval().requires_grad_(False)
 
@@ -171,6 +235,18 @@ class H3VideoDecoder(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         """The block linears' dtype: float16 in the release recipe, else float32."""
         return self.decoder.compute_dtype
+
+    def device_bytes(self) -> int:
+        """Bytes of weights this decoder holds on its device, the streaming slots included."""
+        tensors = [*self.parameters(), *self.buffers()]
+        held = sum(t.numel() * t.element_size() for t in tensors if t.device == self.device)
+        return held + (2 * self._streamer.slot_bytes if self._streamer is not None and self._streamer.moves else 0)
+
+    def streamer(self) -> BlockStreamer:
+        """The block-weight streamer of offload="blocks" (made on first use)."""
+        if self._streamer is None:
+            self._streamer = BlockStreamer(self.decoder.transformer_blocks, self.device)
+        return self._streamer
 
     # Run settings, kept in `self.runtime`; these two are the ones users set most.
     @property
@@ -208,9 +284,34 @@ class H3VideoDecoder(nn.Module):
 
     def decode_tiles(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32."""
-        z = F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
         with _attention_backends(self.runtime.attention_backends):
-            return self.decoder(z, self.ops(), out)
+            return self.decoder(self._post_quant(z), self.ops(), out)
+
+    def decode_tiles_layer_major(
+        self, parts: list[torch.Tensor], outs: list[torch.Tensor], advance: Callable[[int], None]
+    ) -> None:
+        """`decode_tiles(parts[k], outs[k])` for every k, block by block instead of call by call: every part's
+        residual stream stays on the device while each block's weights are brought in once (offload="blocks").
+        The same GEMM shapes as the calls one by one, so the same values bit for bit. advance(n) is called
+        as a part of n tiles finishes."""
+        ops, streamer = self.ops(), self.streamer()
+        shape = tuple(parts[0].shape[2:])
+        streamer.prefetch(0)
+        streamer.prefetch(1)
+        with _attention_backends(self.runtime.attention_backends):
+            rotary = self.decoder.rotary(*shape)
+            states = [self.decoder.embed(self._post_quant(part), ops) for part in parts]
+            for i in range(len(self.decoder.transformer_blocks)):
+                with streamer.on_device(i):
+                    for k, (residual, normed) in enumerate(states):
+                        states[k] = self.decoder.block(i, residual, normed, rotary, ops)
+            for k, out in enumerate(outs):
+                self.decoder.head(states[k][0], shape, ops, out)
+                states[k] = None  # its memory goes to the next part's head
+                advance(out.shape[0])
+
+    def _post_quant(self, z: torch.Tensor) -> torch.Tensor:
+        return F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
 
     @torch.inference_mode()
     def decode_stream(

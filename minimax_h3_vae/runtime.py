@@ -20,6 +20,7 @@ import torch
 ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
+GIB = 2**30
 
 
 @dataclass
@@ -30,12 +31,18 @@ class Runtime:
     tile_batch: tiles per decoder call, an int >= 1; None chooses from free memory.
     output_rank: under torch.distributed, the one rank that receives the decoded video (None: every rank).
     attention_backends: SDPA backend names, most preferred first.
+    offload: "none" (every weight on the device) or "blocks" (block linears in host memory, streamed to the
+    device one block at a time, the decode layer-major over each chunk's tiles). Fixed at load.
+    max_gpu_memory: bytes the decoder may hold on the GPU, weights included (None: what is free); the
+    automatic tile batch plans within it.
     """
 
     fused: bool = False
     tile_batch: int | None = None
     output_rank: int | None = None
     attention_backends: tuple[str, ...] = ATTENTION_BACKENDS
+    offload: str = "none"
+    max_gpu_memory: int | None = None
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, _VALIDATORS[name](value))
@@ -76,12 +83,28 @@ def _check_backends(value) -> tuple[str, ...]:
     return names
 
 
+def _check_offload(value) -> str:
+    if value not in OFFLOAD_MODES:
+        raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {value!r}")
+    return value
+
+
+def _check_max_gpu_memory(value) -> int | None:
+    if value is not None and not (_is_int(value) and value > 0):
+        raise ValueError(f"max_gpu_memory must be a positive number of bytes (or None), got {value!r}")
+    return value
+
+
 _VALIDATORS = {
     "fused": _check_fused,
     "tile_batch": _check_tile_batch,
     "output_rank": _check_output_rank,
     "attention_backends": _check_backends,
+    "offload": _check_offload,
+    "max_gpu_memory": _check_max_gpu_memory,
 }
+
+OFFLOAD_MODES = ("none", "blocks")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -128,3 +151,28 @@ def resolve_fused(fused: bool | None, device: torch.device) -> bool:
             f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
         )
     return fused
+
+
+def resolve_max_gpu_memory(gib: float | None) -> int | None:
+    """`max_gpu_memory` in GiB, as users give it -> bytes."""
+    if gib is None:
+        return None
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0 or gib == float("inf"):
+        raise ValueError(f"max_gpu_memory must be a positive number of GiB, got {gib!r}")
+    return int(gib * GIB)
+
+
+def resolve_offload(
+    offload: str, device: torch.device, resident_bytes: int, reserve_bytes: int, max_gpu_memory: int | None
+) -> str:
+    """ "none" / "blocks" as asked, or for "auto": resident when the weights plus a working reserve (one chunk
+    of a 1344x768 decode at one tile per call) fit in `max_gpu_memory`, else in the free GPU memory; else
+    "blocks". On the CPU, "auto" is "none"."""
+    if offload not in ("auto", *OFFLOAD_MODES):
+        raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {offload!r}")
+    if offload != "auto":
+        return offload
+    if device.type != "cuda":
+        return "none"
+    budget = max_gpu_memory if max_gpu_memory is not None else torch.cuda.mem_get_info(device)[0]
+    return "none" if resident_bytes + reserve_bytes <= budget else "blocks"

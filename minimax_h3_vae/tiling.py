@@ -206,10 +206,12 @@ def join_chunks(clips: Iterable[torch.Tensor], plan: ChunkPlan, config: H3Decode
         if held is not None:
             extent = config.frame_overlap
             body[:, :, :extent] = blend(held, body[:, :, :extent], extent, 2)
-        held = clip[:, :, tail_start:tail_end] if tail_end > tail_start else None
+        # A copy, so that this window's buffer can go before the next window is decoded.
+        held = clip[:, :, tail_start:tail_end].clone() if tail_end > tail_start else None
         emit = body[:, :, :remaining]
         remaining -= emit.shape[2]
         if emit.shape[2]:
             yield emit
+        del clip, body, emit
     if held is not None and remaining > 0:
         yield held[:, :, :remaining]

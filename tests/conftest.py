@@ -61,3 +61,13 @@ def no_network(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def one_thread():
+    """CPU GEMMs split their work by thread count (and then round differently): tests that compare two CPU
+    decodes bit for bit run them on one thread, as the torchrun ranks do (OMP_NUM_THREADS=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -31,6 +31,8 @@ def decode(checkpoint: str, out_dir: Path) -> None:
         torch.save(model.decode(z), out_dir / f"rank{rank}_batch{tile_batch}.pt")
     model.tile_batch, model.output_rank = 1, 1
     torch.save(model.decode(z), out_dir / f"rank{rank}_output_rank1.pt")
+    streamed = H3VideoDecoder.from_pretrained(checkpoint, device="cpu", offload="blocks", tile_batch=1)
+    torch.save(streamed.decode(z), out_dir / f"rank{rank}_blocks_batch1.pt")
     dist.destroy_process_group()
 
 

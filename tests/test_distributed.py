@@ -52,16 +52,6 @@ def test_tile_calls_cover_every_tile_once(tiles, ranks, tile_batch):
         assert max(calls_per_rank) - min(calls_per_rank) <= 1, "balanced in decoder calls"
 
 
-@pytest.fixture
-def one_thread():
-    """The ranks run with one thread each (OMP_NUM_THREADS=1); CPU GEMMs split their work by thread count,
-    so the single-process reference must use one thread too to be comparable bit for bit."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def torchrun(*args, ranks=2, timeout=240):
     command = [
         sys.executable,
@@ -92,6 +82,14 @@ def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_th
     for rank in (0, 1):
         out = torch.load(distributed_outputs / f"rank{rank}_batch{tile_batch}.pt")
         assert torch.equal(out, expected)
+
+
+def test_blocks_offload_under_torchrun(distributed_outputs, one_thread):
+    """Each rank streams its own weights, layer-major over its share of the tiles: still the single-process
+    output, bit for bit."""
+    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=1).decode(latents())
+    for rank in (0, 1):
+        assert torch.equal(torch.load(distributed_outputs / f"rank{rank}_blocks_batch1.pt"), expected)
 
 
 def test_automatic_batch_matches_single_process(distributed_outputs, one_thread):

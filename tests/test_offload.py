@@ -1,0 +1,158 @@
+"""offload="blocks": block linears in host memory, the decode layer-major over each window's tiles.
+
+On the CPU nothing moves, but the layer-major order runs: its output must equal the resident decode bit for
+bit with the same tile batch (the same GEMM shapes). The CUDA tests check that the weights really stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Runtime, decoding
+from minimax_h3_vae.runtime import GIB, resolve_max_gpu_memory, resolve_offload
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
+]
+
+
+def latents(seed=0, frames=8, height=17, width=30):
+    """Two temporal windows of 2 x 3 tiles (464 px wide: overlaps three deep)."""
+    return torch.randn(1, 24, frames, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+def record_block_order(model) -> list[int]:
+    """The block index of every block call the model makes from now on."""
+    order = []
+    block = model.decoder.block
+    model.decoder.block = lambda i, *args: order.append(i) or block(i, *args)
+    return order
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("tile_batch", [1, 4, None])
+def test_blocks_equal_resident_bit_for_bit(one_thread, device, dtype, tile_batch):
+    resident = H3VideoDecoder.from_pretrained(TINY, device=device, dtype=dtype, tile_batch=tile_batch, offload="none")
+    streamed = H3VideoDecoder.from_pretrained(TINY, device=device, dtype=dtype, tile_batch=tile_batch, offload="blocks")
+    assert (resident.runtime.offload, streamed.runtime.offload) == ("none", "blocks")
+    if tile_batch is None:  # the automatic batch differs between the two paths: pin the resident one to it
+        resident.tile_batch = streamed.tile_batch = decoding.STREAMED_TILE_BATCH
+    z = latents()
+    order = record_block_order(streamed)
+    expected = resident.decode(z)
+    out = streamed.decode(z)
+    assert torch.equal(out, expected)
+    # Layer-major: within a window every part runs block 0 before any part runs block 1.
+    layers = len(streamed.decoder.transformer_blocks)
+    parts = -(-6 // (tile_batch or decoding.STREAMED_TILE_BATCH))
+    assert order[: parts * layers] == [i for i in range(layers) for _ in range(parts)]
+    assert len(order) == 2 * parts * layers, "two windows, each block once per part"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_blocks_keeps_the_linears_in_host_memory(device):
+    resident = H3VideoDecoder.from_pretrained(TINY, device=device, offload="none")
+    streamed = H3VideoDecoder.from_pretrained(TINY, device=device, offload="blocks")
+    linears = {
+        k: v for k, v in streamed.state_dict().items() if ".transformer_blocks." in k and ".attn." in k or ".ff." in k
+    }
+    assert linears and all(v.device.type == "cpu" for v in linears.values())
+    if device == "cuda":
+        assert all(v.is_pinned() for v in linears.values()), "pinned, for fast asynchronous copies"
+        assert streamed.device_bytes() < resident.device_bytes()
+    for key, value in resident.state_dict().items():
+        assert torch.equal(streamed.state_dict()[key].to(value.device), value), key
+
+
+def test_progress_counts_every_tile_once():
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="blocks", tile_batch=4)
+    seen = []
+    model.decode(latents(), progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (12, 12) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+# ---- choosing ---------------------------------------------------------------------------------------------
+
+
+def test_auto_on_cpu_is_resident():
+    assert H3VideoDecoder.from_pretrained(TINY, device="cpu").runtime.offload == "none"
+
+
+@pytest.mark.parametrize("cap_gib, expected", [(None, None), (4, "none"), (2.5, "blocks")])
+def test_auto_chooses_by_the_budget(cap_gib, expected):
+    """Weights of 2 GiB and a reserve of 1 GiB: resident under a 4 GiB cap, streamed under 2.5 GiB."""
+    cuda = torch.device("cuda")
+    if cap_gib is None:
+        assert resolve_offload("blocks", cuda, 2 * GIB, GIB, None) == "blocks"
+        assert resolve_offload("none", cuda, 2 * GIB, GIB, 1) == "none"
+        return
+    assert resolve_offload("auto", cuda, 2 * GIB, GIB, resolve_max_gpu_memory(cap_gib)) == expected
+
+
+@pytest.mark.parametrize("value", ["yes", "layers", None, 1])
+def test_offload_names_are_checked(value):
+    with pytest.raises(ValueError, match="offload"):
+        resolve_offload(value, torch.device("cpu"), 0, 0, None)
+    with pytest.raises(ValueError, match="offload"):
+        H3VideoDecoder.from_pretrained(TINY, device="cpu", offload=value)
+
+
+@pytest.mark.parametrize("gib", [0, -1, float("nan"), float("inf"), "4", True])
+def test_max_gpu_memory_is_checked(gib):
+    with pytest.raises(ValueError, match="max_gpu_memory"):
+        H3VideoDecoder.from_pretrained(TINY, device="cpu", max_gpu_memory=gib)
+    with pytest.raises(ValueError, match="max_gpu_memory"):
+        Runtime(max_gpu_memory=gib)
+
+
+def test_reserve_is_one_window_at_one_tile_per_call():
+    """At the released size: 28 decoded tiles and two stitched frames of 28 x 768 x 1344 in fp32 (~1.3 GiB)
+    plus one tile's activations."""
+    reserve = decoding.reserve_bytes(H3DecoderConfig(), 2)
+    buffers = 4 * 3 * 28 * (28 * 256 * 256 + 2 * 768 * 1344)
+    assert buffers < reserve < buffers + 0.5 * GIB
+
+
+# ---- the automatic tile batch ---------------------------------------------------------------------------
+
+
+def call_sizes(model, z) -> list[int]:
+    sizes = []
+    decode_tiles = model.decode_tiles
+    model.decode_tiles = lambda tiles, out=None: sizes.append(tiles.shape[0]) or decode_tiles(tiles, out)
+    model.decode(z)
+    return sizes
+
+
+def test_cpu_tile_batch_respects_available_memory(monkeypatch):
+    """On the CPU the tiles of a window go in calls that fit in half the available host memory."""
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
+    z = latents(frames=3)
+    per_tile = decoding._tile_bytes(model.config, 4, 7 * 16 * 16 + 5)
+    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 2**40)
+    assert call_sizes(model, z) == [6], "plenty of memory: the whole window in one call"
+    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 2 * (2 * per_tile + per_tile // 2))
+    assert call_sizes(model, z) == [2, 2, 2]
+    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 1000)
+    assert call_sizes(model, z) == [1] * 6, "never less than one tile"
+
+
+def test_blocks_auto_tile_batch_is_small():
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="blocks")
+    sizes = []
+    layer_major = model.decode_tiles_layer_major
+    model.decode_tiles_layer_major = lambda parts, outs, advance: (
+        sizes.append([p.shape[0] for p in parts]) or layer_major(parts, outs, advance)
+    )
+    model.decode(latents(frames=3))
+    assert sizes == [[4, 2]]
+
+
+def test_host_memory_reading():
+    assert decoding._host_available_bytes() > 0
