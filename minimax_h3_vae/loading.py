@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ConfigError, H3DecoderConfig
+from .reader import DeviceReader
 
 DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
 ORIGINAL_SUBFOLDERS = ("FL2VA/video_vae", "Ref2VA/video_vae", "video_vae")
@@ -115,23 +116,34 @@ class Checkpoint:
                 f" decoder; is this a different model?)"
             )
 
-    def tensors(self, expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """(original key, tensor) for every expected key, in stored dtype, read one at a time from disk."""
+    def tensors(
+        self, expected: dict[str, tuple[int, ...]], device: torch.device | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(original key, tensor) for every expected key, in stored dtype, read one at a time from disk.
+
+        With a CUDA `device`, files are read straight onto it (reader.DeviceReader); else onto the CPU.
+        """
         self.check(expected)
         handles = {}
+        direct = device is not None and device.type == "cuda" and self.in_memory is None
+        reader = DeviceReader(device) if direct else None
         try:
             for key in expected:
                 stored, combine = self.sources(key)
-                parts = [self._read(handles, name) for name in stored]
+                parts = [self._read(handles, name, reader) for name in stored]
                 yield key, parts[0] if combine is None else combine(parts, self.config.head_dim)
         finally:
             handles.clear()
+            if reader is not None:
+                reader.close()
 
-    def _read(self, handles: dict, name: str) -> torch.Tensor:
+    def _read(self, handles: dict, name: str, reader: DeviceReader | None = None) -> torch.Tensor:
         if self.in_memory is not None:
             return self.in_memory[name]
         path = self.files[name]
         try:
+            if reader is not None and reader.can_read(path, name):
+                return reader.read(path, name)
             if path not in handles:
                 handles[path] = safe_open(str(path), framework="pt", device="cpu")
             return handles[path].get_tensor(name)

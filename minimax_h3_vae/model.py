@@ -211,7 +211,8 @@ class H3VideoDecoder(nn.Module):
         linear_home = torch.device("cpu") if streamed else device
         pin = streamed and device.type == "cuda"
         state_dict = {}
-        for key, tensor in checkpoint.tensors(expected):
+        # Resident: every tensor is read straight onto the device and cast there (the same rounding).
+        for key, tensor in checkpoint.tensors(expected, device if not streamed else None):
             if _is_block_linear(key):
                 tensor = tensor.to(device=linear_home, dtype=linear_dtype)
                 state_dict[key] = tensor.pin_memory() if pin else tensor
