@@ -1,0 +1,208 @@
+"""GPU memory against time for offload none / blocks / capped, checkpoint load time, and the CLI's wall clock.
+
+    PYTHONPATH=. python benchmarks/bench_offload.py [--work /tmp/offload]
+
+Released architecture, random weights (benchmarks/common.py), fp16 recipe, fused. Writes the weights once as a
+ComfyUI fp16 file (4.85 GB) and reads it back from the page cache for every load. Rows:
+- load: `from_pretrained` of that file, resident (straight to the GPU) and blocks (pinned host memory);
+- the 10 s 1344x768 clip (72 latent frames) through `decode_stream`, frames to uint8 on the host as the CLI
+  does: resident with the default tile batch; blocks (automatic tile batch); blocks under max_gpu_memory = 4
+  GiB with torch.cuda.set_per_process_memory_fraction enforcing it; the uncapped blocks run again with the
+  capped run's tile batch (its output must be bitwise equal); peak allocated memory, weights included;
+- one unit, resident vs blocks at the same tile batch: bitwise equal;
+- a 512x512 clip (few tiles per window: transfer-bound): blocks / resident;
+- the CLI, same clip, to .safetensors and .mp4: wall time from process start to exit (twice: the first run
+  may compile Triton kernels), against load + streamed decode measured here.
+Prints a table last; JSON to $OUT/offload.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_decoder  # noqa: E402
+from gpu_clocks import ClockSampler  # noqa: E402
+
+from minimax_h3_vae import H3VideoDecoder, to_uint8_frames  # noqa: E402
+
+GIB = 2**30
+
+
+def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
+    """The CLI's loop without the writer: decode_stream, uint8 on the GPU, to the host. Wall time, peak
+    allocated (everything this process holds on the GPU: the model alone), the tiles per decoder call, a
+    hash of the float output."""
+    sizes = set()
+    layer_major, call = model.decode_tiles_layer_major, model.decode_tiles
+    model.decode_tiles_layer_major = lambda parts, outs, advance: (
+        sizes.update(p.shape[0] for p in parts) or layer_major(parts, outs, advance)
+    )
+    model.decode_tiles = lambda tiles, out=None: sizes.add(tiles.shape[0]) or call(tiles, out)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    digest = hashlib.sha256()
+    frames = 0
+    with ClockSampler() as clocks:
+        start = time.perf_counter()
+        for chunk in model.decode_stream(z):
+            digest.update(chunk.cpu().numpy().tobytes())
+            frames += to_uint8_frames(chunk).cpu().shape[0]
+        seconds = time.perf_counter() - start
+    del model.decode_tiles_layer_major, model.decode_tiles
+    return {
+        "seconds": round(seconds, 3),
+        "frames": frames,
+        "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
+        "tile_batch": max(sizes),
+        "sha256": digest.hexdigest()[:16],
+        **clocks.summary,
+    }
+
+
+def load(path: Path, **options) -> tuple[H3VideoDecoder, float]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    model = H3VideoDecoder.from_pretrained(path, device="cuda", dtype="fp16", fused=True, **options)
+    torch.cuda.synchronize()
+    return model, time.perf_counter() - start
+
+
+def release() -> None:
+    """Return the memory of models the caller has dropped, so the next peak counts one model only."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def cli(args: list[str]) -> float:
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.cli", *args], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    print(result.stderr.strip().splitlines()[-1], flush=True)
+    if result.returncode:
+        raise RuntimeError(result.stderr[-2000:])
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, default=Path("/tmp/offload"))
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results: dict = {"card": torch.cuda.get_device_name(), "torch": torch.__version__}
+    checkpoint = args.work / "minimax_h3_video_vae_fp16.safetensors"
+    if not checkpoint.exists():
+        from safetensors.torch import save_file
+
+        model = random_released_decoder(torch.device("cuda"))
+        save_file(
+            {k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu() for k, v in model.state_dict().items()},
+            str(checkpoint),
+        )
+        del model
+        release()
+    subprocess.run(["cat", str(checkpoint)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+    clip = random_latents(CLIP_SHAPE, seed=2)
+    unit = random_latents(UNIT_SHAPE, seed=1)
+
+    resident, results["load resident s"] = load(checkpoint, offload="none")
+    del resident
+    release()
+    resident, results["load resident again s"] = load(checkpoint, offload="none")
+    resident.decode(unit)  # compile the kernels, warm the allocator
+    results["resident clip"] = stream(resident, clip)
+    resident.tile_batch = 4
+    unit_resident = resident.decode(unit)
+    small = random_latents((1, 24, 72, 32, 32), seed=3)
+    resident.tile_batch = None
+    resident.decode(small[:, :, :7])
+    results["resident 512 clip"] = stream(resident, small)
+    del resident
+    release()
+
+    streamed, results["load blocks s"] = load(checkpoint, offload="blocks")
+    streamed.decode(unit)
+    results["blocks clip"] = stream(streamed, clip)
+    streamed.tile_batch = 4
+    results["blocks vs resident, one unit, tile batch 4, bitwise"] = bool(
+        torch.equal(streamed.decode(unit), unit_resident)
+    )
+    del unit_resident
+    streamed.tile_batch = None
+    results["blocks 512 clip"] = stream(streamed, small)
+    del streamed
+    release()
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(4 * GIB / total)
+    capped, _ = load(checkpoint, offload="auto", max_gpu_memory=4)
+    results["capped offload chosen"] = capped.runtime.offload
+    try:
+        capped.decode(unit[:, :, :3])
+        results["capped clip"] = stream(capped, clip)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    del capped
+    release()
+    again, _ = load(checkpoint, offload="blocks", tile_batch=results["capped clip"]["tile_batch"])
+    results["blocks clip, capped run's tile batch"] = stream(again, clip)
+    del again
+    release()
+
+    from safetensors.torch import save_file
+
+    save_file({"latents": clip[0].cpu().contiguous()}, str(args.work / "clip.safetensors"))
+    for suffix in ("safetensors", "mp4"):
+        for attempt in (1, 2):
+            results[f"cli {suffix} wall s (run {attempt})"] = round(
+                cli(
+                    [
+                        str(args.work / "clip.safetensors"),
+                        str(args.work / f"out.{suffix}"),
+                        "--model",
+                        str(checkpoint),
+                        "--raw-latents",
+                    ]
+                ),
+                2,
+            )
+
+    print(json.dumps(results, indent=1))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "offload.json").write_text(json.dumps(results, indent=2))
+    base = results["resident clip"]
+    print(f"\n{'variant':40} {'s':>7} {'ratio':>6} {'peak GiB':>9} {'tile batch':>10} {'hash':>17}")
+    for name in (
+        "resident clip",
+        "blocks clip",
+        "capped clip",
+        "blocks clip, capped run's tile batch",
+        "resident 512 clip",
+        "blocks 512 clip",
+    ):
+        row = results.get(name)
+        if row:
+            ref = results["resident 512 clip"] if "512" in name else base
+            print(
+                f"{name:40} {row['seconds']:7.2f} {row['seconds'] / ref['seconds']:6.3f} {row['peak_gib']:9.2f} "
+                f"{str(row.get('tile_batch')):>10} {row['sha256']:>17}"
+            )
+    print("load s: resident", round(results["load resident again s"], 2), "blocks", round(results["load blocks s"], 2))
+    inside = results["load resident again s"] + base["seconds"]
+    for key in [k for k in results if k.startswith("cli")]:
+        print(f"{key}: {results[key]} (x{results[key] / inside:.2f} of load + streamed decode {inside:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
