@@ -70,15 +70,20 @@ def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
     }
 
 
-def bit_hash(x: torch.Tensor, piece: int = 2**22) -> torch.Tensor:
-    """A hash of the float32 bits of `x`, on the GPU in small pieces (no copy of `x` to the host, little
-    memory): any changed bit changes it, with overwhelming probability."""
-    flat = x.contiguous().view(-1).view(torch.int32)
+def bit_hash(x: torch.Tensor) -> torch.Tensor:
+    """A hash of the float32 bits of a (B, C, F, H, W) chunk, on the GPU one (H, W) plane at a time (no copy
+    of the chunk, little memory): any changed bit changes it, with overwhelming probability."""
     total = torch.zeros((), dtype=torch.int64, device=x.device)
-    for start in range(0, flat.numel(), piece):
-        bits = flat[start : start + piece].to(torch.int64)
-        index = torch.arange(start, start + bits.numel(), device=x.device, dtype=torch.int64)
-        total += (bits * (index * 2654435761 + 97531)).sum()  # int64 arithmetic wraps: a hash, not a sum
+    index = None
+    for position, plane in enumerate(
+        x.reshape(-1, *x.shape[-2:])
+        if x.is_contiguous()
+        else (x[b, c, f] for b in range(x.shape[0]) for c in range(x.shape[1]) for f in range(x.shape[2]))
+    ):
+        bits = plane.contiguous().view(-1).view(torch.int32).to(torch.int64)
+        if index is None:
+            index = torch.arange(bits.numel(), device=x.device, dtype=torch.int64) * 2654435761 + 97531
+        total += (bits * (index + position * 1000003)).sum()  # int64 arithmetic wraps: a hash, not a sum
     return total
 
 
