@@ -1,8 +1,9 @@
 """Decode orchestration: the chunk loop over time, the tile loop over space, tiles per call, progress.
 
     latents (B, 24, T, h, w) -> chunk windows (tiling.plan_chunks)
-      -> per window: tiles (tiling.plan_tiles) -> decoder calls of `tile_batch` tiles (model.decode_tiles),
-         shared across ranks (distributed.decode_shared) -> stitched frame (tiling.stitch)
+      -> per window: tiles (tiling.plan_tiles) -> decoder calls of `tile_batch` tiles (model.decode_tiles;
+         with offload="blocks" all of them block by block, model.decode_tiles_layer_major), shared across
+         ranks (distributed.decode_shared) -> stitched frame (tiling.stitch)
       -> windows joined and cross-faded (tiling.join_chunks) -> frames, one chunk at a time
 
 `H3VideoDecoder.decode` / `decode_stream` are the public entry points; they call `decode_stream` here.
