@@ -21,7 +21,6 @@ from gpu_clocks import ClockSampler  # noqa: E402
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
 from minimax_h3_vae.config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD  # noqa: E402
-from minimax_h3_vae.loading import checkpoint_in_memory  # noqa: E402
 
 UNIT_SHAPE = (1, 24, 7, 48, 84)  # one temporal unit at 1344x768: 28 tiles
 CLIP_SHAPE = (1, 24, 72, 48, 84)  # a 10 s clip at 1344x768: 243 frames, 14 units
@@ -62,6 +61,8 @@ def random_released_vae(seed: int = 0):
 
 def ours_from(vae, dtype: str = "fp32") -> H3VideoDecoder:
     """Our decoder holding the diffusers VAE's weights (converted by the package's key table), on its device."""
+    from minimax_h3_vae.loading import checkpoint_in_memory
+
     config = H3DecoderConfig.from_diffusers(dict(vae.config))
     checkpoint = checkpoint_in_memory(
         {k: v.detach() for k, v in vae.state_dict().items()}, config, "diffusers", "diffusers VAE"

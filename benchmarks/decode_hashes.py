@@ -4,10 +4,11 @@
     PYTHONPATH=.        python benchmarks/decode_hashes.py --tag after  --dir /tmp/h
     python benchmarks/decode_hashes.py --compare before after --dir /tmp/h
 
-Each run builds the released architecture with the same seeded random weights through the package's public
-modules only (so it runs against older versions of the package too), decodes one 1344x768 unit in fp32
-eager (TF32 off), fp16 eager and fp16 fused, and a two-chunk 1344x768 clip through `decode_stream` (fp16
-eager), prints a SHA-256 of each output and the fused unit's median CUDA-event time, and saves the outputs.
+Each run builds the released architecture with the same seeded random weights (common.randomize_) through
+the package's public modules only (so it runs against older versions of the package too), decodes one
+1344x768 unit in fp32 eager (TF32 off), fp16 eager and fp16 fused, and a two-chunk 1344x768 clip through
+`decode_stream` (fp16 eager), prints a SHA-256 of each output and the fused unit's median CUDA-event time,
+and saves the outputs.
 --compare prints, per variant, whether the two runs are bitwise equal and their max abs difference.
 """
 
@@ -17,29 +18,25 @@ import argparse
 import hashlib
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 UNIT_SHAPE = (1, 24, 7, 48, 84)
 TWO_CHUNKS = (1, 24, 12, 48, 84)
 
 
 def released_model(device: torch.device):
+    from common import randomize_
+
     from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder
 
     with device:
         model = H3VideoDecoder(H3DecoderConfig())
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator, device=device)
-            if name.endswith(("norm1.weight", "norm2.weight", "norm_out.weight")):
-                param.copy_(1.0 + 0.1 * noise.clamp(-1, 1))
-            elif name.endswith(("scale1", "scale2")):
-                param.copy_(0.1 * noise)
-            else:
-                param.copy_(0.02 * noise)
+    randomize_(model.named_parameters(), torch.Generator(device=device).manual_seed(0), only=("",))
     return model.eval().requires_grad_(False)
 
 
