@@ -117,11 +117,12 @@ class Checkpoint:
             )
 
     def tensors(
-        self, expected: dict[str, tuple[int, ...]], device: torch.device | None = None
+        self, expected: dict[str, tuple[int, ...]], device: torch.device | None = None, host_keys=frozenset()
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """(original key, tensor) for every expected key, in stored dtype, read one at a time from disk.
 
-        With a CUDA `device`, files are read straight onto it (reader.DeviceReader); else onto the CPU.
+        With a CUDA `device`, files are read straight onto it (reader.DeviceReader), except the keys in
+        `host_keys`, which are read straight into pinned host memory; else everything goes to the CPU.
         """
         self.check(expected)
         handles = {}
@@ -130,20 +131,20 @@ class Checkpoint:
         try:
             for key in expected:
                 stored, combine = self.sources(key)
-                parts = [self._read(handles, name, reader) for name in stored]
+                parts = [self._read(handles, name, reader, key in host_keys) for name in stored]
                 yield key, parts[0] if combine is None else combine(parts, self.config.head_dim)
         finally:
             handles.clear()
             if reader is not None:
                 reader.close()
 
-    def _read(self, handles: dict, name: str, reader: DeviceReader | None = None) -> torch.Tensor:
+    def _read(self, handles: dict, name: str, reader: DeviceReader | None = None, pinned: bool = False) -> torch.Tensor:
         if self.in_memory is not None:
             return self.in_memory[name]
         path = self.files[name]
         try:
             if reader is not None and reader.can_read(path, name):
-                return reader.read(path, name)
+                return reader.read(path, name, pinned)
             if path not in handles:
                 handles[path] = safe_open(str(path), framework="pt", device="cpu")
             return handles[path].get_tensor(name)

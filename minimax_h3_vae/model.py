@@ -206,16 +206,17 @@ class H3VideoDecoder(nn.Module):
         reserve = decoding.reserve_bytes(checkpoint.config, element)
         model.runtime.offload = resolve_offload(offload, device, linear_bytes + other_bytes, reserve, cap)
         model.runtime.max_gpu_memory = cap
-        # Block linears go straight to where they will live: the device, or (streamed) pinned host memory.
+        # Every tensor goes straight to where it will live: the device, or for streamed block linears pinned
+        # host memory; casts happen there (the same rounding as on the host).
         streamed = model.runtime.offload == "blocks"
         linear_home = torch.device("cpu") if streamed else device
         pin = streamed and device.type == "cuda"
+        host_keys = {key for key in expected if _is_block_linear(key)} if streamed else set()
         state_dict = {}
-        # Resident: every tensor is read straight onto the device and cast there (the same rounding).
-        for key, tensor in checkpoint.tensors(expected, device if not streamed else None):
+        for key, tensor in checkpoint.tensors(expected, device, host_keys):
             if _is_block_linear(key):
                 tensor = tensor.to(device=linear_home, dtype=linear_dtype)
-                state_dict[key] = tensor.pin_memory() if pin else tensor
+                state_dict[key] = tensor.pin_memory() if pin and not tensor.is_pinned() else tensor
             else:
                 state_dict[key] = tensor.to(device=device, dtype=torch.float32)
         model.load_state_dict(state_dict, strict=True, assign=True)

@@ -32,7 +32,8 @@ def header(path: Path) -> tuple[int, dict]:
 
 
 class DeviceReader:
-    """`read(path, name)` -> the stored tensor on `device`. One pair of staging buffers for all reads."""
+    """`read(path, name)` -> the stored tensor on `device` (through one pair of staging buffers for all
+    reads), or with `pinned=True` in new pinned host memory (read into it directly)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -47,13 +48,19 @@ class DeviceReader:
     def can_read(self, path: Path, name: str) -> bool:
         return self._entry(path, name)["dtype"] in DTYPES
 
-    def read(self, path: Path, name: str) -> torch.Tensor:
+    def read(self, path: Path, name: str, pinned: bool = False) -> torch.Tensor:
         entry = self._entry(path, name)
         begin, end = entry["data_offsets"]
         start = self.headers[path][0] + begin
-        out = torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]], device=self.device)
-        flat = out.view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
+        dtype = DTYPES[entry["dtype"]]
         fd = self._fd(path)
+        if pinned:
+            out = torch.empty(entry["shape"], dtype=dtype, pin_memory=True)
+            if out.numel():
+                self._read_exact(fd, out.view(-1).view(torch.uint8), start)
+            return out
+        out = torch.empty(entry["shape"], dtype=dtype, device=self.device)
+        flat = out.view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
         for offset in range(0, end - begin, _PIECE):
             size = min(_PIECE, end - begin - offset)
             buffer, copied = self.staging[self.turn], self.copied[self.turn]
