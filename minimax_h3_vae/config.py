@@ -255,6 +255,7 @@ _DIFFUSERS_KEYS = {
     "_class_name",
     "_diffusers_version",
     "_name_or_path",
+    "_use_default_values",  # kept by an in-memory model's config (the arguments left at their defaults)
     "in_channels",
     "out_channels",
     "latent_channels",

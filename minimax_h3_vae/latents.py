@@ -1,8 +1,14 @@
-"""The decoder's input: checking latents and undoing the pipeline's per-channel normalisation."""
+"""The decoder's input: checking latents, undoing the pipeline's per-channel normalisation, saving them for
+the command line."""
 
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
+
 import torch
+from safetensors.torch import save_file
 
 from .config import H3DecoderConfig
 
@@ -36,3 +42,21 @@ def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tenso
     mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=z.device).view(shape)
     std = torch.tensor(config.latents_std, dtype=torch.float32, device=z.device).view(shape)
     return z.float() * std + mean
+
+
+def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | None = None) -> Path:
+    """Write a pipeline's normalised latents where `minimax-h3-decode` reads them: a `.safetensors` file with the
+    tensor `latents` ((24, T, h, w) or (1, 24, T, h, w), saved float32 on the CPU) and `fps` in its metadata.
+    Returns the path written."""
+    shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else None
+    if shape is None or len(shape) not in (4, 5) or (len(shape) == 5 and shape[0] != 1):
+        raise ValueError(f"save_latents writes one video, (C, T, h, w) or (1, C, T, h, w); got shape {shape}")
+    check_latents(latents.reshape(1, *shape[-4:]), channels=None)
+    metadata = None
+    if fps is not None:
+        if isinstance(fps, bool) or not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a positive number, got {fps!r}")
+        metadata = {"fps": repr(float(fps))}
+    path = Path(os.fspath(path))
+    save_file({"latents": latents.detach().float().cpu().contiguous()}, str(path), metadata=metadata)
+    return path

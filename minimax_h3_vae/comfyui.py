@@ -1,0 +1,154 @@
+"""ComfyUI nodes: load the H3 video decoder once, decode a LATENT to IMAGE frames with it.
+
+ComfyUI finds them through `NODE_CLASS_MAPPINGS` / `NODE_DISPLAY_NAME_MAPPINGS`, re-exported by the node
+pack in `comfyui/minimax_h3_vae_nodes/` of the source tree. ComfyUI's own modules (`folder_paths`,
+`comfy.utils`, `comfy.model_management`) are imported only when a node runs, and only if present: the
+nodes work without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .frames import to_unit_rgb
+from .latents import check_latents, denormalize_latents
+from .model import H3VideoDecoder
+from .tiling import plan_chunks
+
+DECODER_TYPE = "MINIMAX_H3_DECODER"
+CATEGORY = "latent/minimax_h3"
+# The loader's file list entry meaning "use the path field instead".
+PATH_CHOICE = "(path below)"
+FUSED_CHOICES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class NodeDecoder:
+    """What the loader node outputs: the (shared, cached) decoder and this node's tiles per call."""
+
+    decoder: H3VideoDecoder
+    tile_batch: int | None
+
+
+# The last loaded decoder, keyed by (file, size, mtime, fused, device). One entry: a second one would hold
+# another 4.8 GB of weights on the GPU.
+_cache: dict[tuple, H3VideoDecoder] = {}
+
+
+def _optional(module: str):
+    """A ComfyUI module when running inside ComfyUI, else None."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+class H3DecoderLoader:
+    """Loads a MiniMax-H3 video VAE checkpoint (any layout this package reads) as a decoder, once."""
+
+    DESCRIPTION = "Loads the MiniMax-H3 video decoder of minimax_h3_vae from models/vae or any path."
+    RETURN_TYPES = (DECODER_TYPE,)
+    RETURN_NAMES = ("decoder",)
+    FUNCTION = "load"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        folder_paths = _optional("folder_paths")
+        names = folder_paths.get_filename_list("vae") if folder_paths is not None else []
+        return {
+            "required": {
+                "vae_name": ([*names, PATH_CHOICE], {"tooltip": "a checkpoint in models/vae"}),
+                "path": (
+                    "STRING",
+                    {"default": "", "tooltip": f"used when vae_name is {PATH_CHOICE}: a file or folder"},
+                ),
+                "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
+                "tile_batch": (
+                    "INT",
+                    {"default": 0, "min": 0, "max": 4096, "tooltip": "tiles per decoder call; 0: as many as fit"},
+                ),
+            }
+        }
+
+    def load(self, vae_name: str, path: str, fused: str, tile_batch: int) -> tuple[NodeDecoder]:
+        source = _source(vae_name, path)
+        device = _device()
+        fused_flag = {"auto": None, "on": True, "off": False}[fused]
+        stat = os.stat(source)
+        key = (os.path.realpath(source), stat.st_size, stat.st_mtime_ns, fused_flag, str(device))
+        if key not in _cache:
+            _cache.clear()  # free the previous decoder before loading the next
+            _cache[key] = H3VideoDecoder.from_pretrained(source, device=device, fused=fused_flag)
+        return (NodeDecoder(_cache[key], tile_batch or None),)
+
+
+class H3Decode:
+    """Decodes a MiniMax-H3 LATENT into IMAGE frames with a decoder from the loader node."""
+
+    DESCRIPTION = "Decodes MiniMax-H3 video latents with minimax_h3_vae; frames of every video, in order."
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "decode"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"decoder": (DECODER_TYPE,), "samples": ("LATENT",)}}
+
+    def decode(self, decoder: NodeDecoder, samples: dict) -> tuple[torch.Tensor]:
+        """samples["samples"]: normalised latents (B, 24, T, h, w), as ComfyUI stores H3 latents -> IMAGE
+        (B * F, 16h, 16w, 3) float32 in [0, 1] on the CPU, video b's frames at [b * F, (b + 1) * F).
+
+        The frames are written chunk by chunk into one preallocated CPU tensor, so GPU memory holds one
+        temporal chunk of output at a time.
+        """
+        model = decoder.decoder
+        c = model.config
+        z = samples["samples"]
+        check_latents(z, c.latent_channels)
+        z = denormalize_latents(z.to(model.device), c)
+        batch, _, latent_frames, height, width = z.shape
+        frames = plan_chunks(latent_frames, c).out_frames
+        images = torch.empty(batch, frames, height * c.patch_size, width * c.patch_size, c.out_channels)
+        utils = _optional("comfy.utils")
+        bar = utils.ProgressBar(1) if utils is not None else None
+
+        def progress(done: int, total: int) -> None:
+            bar.update_absolute(done, total)
+
+        model.tile_batch = decoder.tile_batch
+        start = 0
+        for chunk in model.decode_stream(z, progress if bar is not None else None):
+            count = chunk.shape[2]
+            images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
+            start += count
+        return (images.view(batch * frames, *images.shape[2:]),)
+
+
+def _source(vae_name: str, path: str) -> str:
+    if vae_name == PATH_CHOICE:
+        if not path.strip():
+            raise ValueError(f"vae_name is {PATH_CHOICE}: give the checkpoint's path")
+        return os.path.expanduser(path.strip())
+    folder_paths = _optional("folder_paths")
+    full = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None else None
+    if full is None:
+        raise ValueError(f"{vae_name!r} is not in ComfyUI's models/vae folder")
+    return full
+
+
+def _device() -> torch.device | None:
+    """ComfyUI's compute device when running inside ComfyUI, else None (CUDA when available)."""
+    management = _optional("comfy.model_management")
+    return management.get_torch_device() if management is not None else None
+
+
+NODE_CLASS_MAPPINGS = {"MiniMaxH3DecoderLoader": H3DecoderLoader, "MiniMaxH3Decode": H3Decode}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "MiniMaxH3DecoderLoader": "Load MiniMax-H3 Decoder (minimax_h3_vae)",
+    "MiniMaxH3Decode": "MiniMax-H3 Decode (minimax_h3_vae)",
+}

@@ -1,0 +1,162 @@
+"""One-line drop-in for diffusers: `swap_decoder(pipe)` makes the pipeline's MiniMax-H3 VAE decode with ours.
+
+    from minimax_h3_vae.diffusers import swap_decoder
+    swap_decoder(pipe)  # pipe: MiniMaxH3ModularPipeline (or anything holding the VAE as `.vae`), or the VAE
+
+The VAE object is changed in place, so every holder of it (the pipeline, a components manager) sees the
+change: `vae.decoder` becomes a placeholder holding our decoder, built from the stock decoder's tensors in
+memory, and `vae.decode` is ours. The encoder, `quant_conv`, `post_quant_conv`, `config`, `encode`, and what
+`vae.device` / `vae.dtype` report stay as they were. Only this module imports diffusers; importing
+`minimax_h3_vae` does not.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from diffusers import AutoencoderKLMiniMaxH3
+from diffusers.models.autoencoders.vae import DecoderOutput
+from diffusers.utils.accelerate_utils import apply_forward_hook
+from torch import nn
+
+from .config import ConfigError, H3DecoderConfig
+from .loading import CheckpointError, checkpoint_in_memory
+from .model import H3VideoDecoder
+from .runtime import Runtime
+
+
+class SwapError(ValueError):
+    """A target `swap_decoder` cannot swap, or a VAE setting the swapped decoder cannot reproduce."""
+
+
+class SwappedDecoder(nn.Module):
+    """What `vae.decoder` is after `swap_decoder`: our decoder (`.h3`), kept out of the VAE's module tree.
+
+    Out of the tree, our weights are invisible to diffusers' dtype casts (`vae.to(torch.bfloat16)` would
+    break the precision recipe) and to `vae.dtype`, which reads the first decoder parameter. Device moves
+    of the VAE (`pipe.to("cuda")`, offload hooks) still reach it through `_apply`. The empty buffer has the
+    stock decoder's dtype and follows every cast, so `vae.dtype` reports what it did before the swap.
+    """
+
+    def __init__(self, h3: H3VideoDecoder, stock_dtype: torch.dtype):
+        super().__init__()
+        object.__setattr__(self, "h3", h3)  # not registered: see the class docstring
+        self.base_config = h3.config  # tiling is re-derived from this and the VAE's switches per decode
+        self.register_buffer("dtype_marker", torch.empty(0, dtype=stock_dtype, device=h3.device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.dtype_marker.device != self.h3.device:
+            self.h3.to(self.dtype_marker.device)  # device only: the recipe's dtypes stay
+        return self
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("the swapped MiniMax-H3 decoder runs through vae.decode(z), not vae.decoder(...)")
+
+
+def swap_decoder(
+    target,
+    *,
+    dtype: torch.dtype | str | None = None,
+    fused: bool | None = None,
+    tile_batch: int | None = None,
+    **runtime_options,
+):
+    """Make `target`'s MiniMax-H3 VAE decode with this package's decoder; returns `target`.
+
+    target: an `AutoencoderKLMiniMaxH3`, or an object holding one as `.vae` (e.g. `MiniMaxH3ModularPipeline`).
+    dtype: our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
+    (default on CPU), whatever dtype the VAE was loaded in. fused, tile_batch and `runtime_options`
+    (`output_rank`, `attention_backends`) are `H3VideoDecoder` run settings (`decoder.runtime`).
+
+    Our decoder is built on the stock decoder's device from its tensors in memory; the stock decoder is then
+    dropped, so its parameters are freed (both copies exist only while converting). Afterwards
+    `vae.decode(z, return_dict=True)` takes denormalised latents (B, 24, T, h, w) and returns a
+    `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is (B, 3, F, 16h, 16w) float32 in the
+    same ImageNet-normalised space, on our decoder's device. It honours `vae.use_tiling`, `enable_tiling(...)`
+    and `disable_tiling()` at each call (a setting we cannot reproduce exactly raises `SwapError`), and also
+    decodes T = 1 and T = 2, which the stock VAE cannot. `vae.use_slicing` is not needed: `tile_batch`
+    bounds memory. `vae.state_dict()` no longer holds the decoder: save the VAE before swapping.
+
+    Raises SwapError for a target holding no H3 VAE, a VAE already swapped, or a config this package
+    cannot decode; the target is then left unchanged.
+    """
+    vae = _find_vae(target)
+    if isinstance(vae.decoder, SwappedDecoder):
+        raise SwapError("this VAE's decoder is already swapped for minimax_h3_vae's")
+    Runtime(tile_batch=tile_batch, **runtime_options)  # a bad run setting fails before the conversion
+    try:
+        config = H3DecoderConfig.from_diffusers(dict(vae.config))
+    except ConfigError as error:
+        raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
+    first = next(vae.decoder.parameters())
+    if first.is_meta:
+        raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before swapping")
+    stock_dtype = vae.dtype
+    # Detached views of the stock tensors: converting reads them one by one, copying only what changes.
+    stock = {**vae.decoder.state_dict(prefix="decoder."), **vae.post_quant_conv.state_dict(prefix="post_quant_conv.")}
+    try:
+        h3 = H3VideoDecoder.from_checkpoint(
+            checkpoint_in_memory(stock, config, "diffusers", "the VAE's decoder"),
+            device=first.device,
+            dtype=dtype,
+            fused=fused,
+            tile_batch=tile_batch,
+        )
+    except CheckpointError as error:
+        raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
+    for name, value in runtime_options.items():
+        setattr(h3.runtime, name, value)
+    del stock, first
+    vae.decoder = SwappedDecoder(h3, stock_dtype)
+    vae.decode = types.MethodType(_decode, vae)
+    return target
+
+
+@apply_forward_hook  # lets accelerate's offload hooks move the VAE first, as for the stock decode
+def _decode(vae, z: torch.Tensor, return_dict: bool = True):
+    """The swapped `vae.decode` (see `swap_decoder`)."""
+    swapped = vae.decoder
+    swapped.h3.config = tile_config(vae, swapped.base_config, z.shape[-2], z.shape[-1])
+    video = swapped.h3.decode(z)
+    return DecoderOutput(sample=video) if return_dict else (video,)
+
+
+def tile_config(vae, config: H3DecoderConfig, latent_height: int, latent_width: int) -> H3DecoderConfig:
+    """`config` with the tile plan of the VAE's tiling switches for latents of this size.
+
+    Untiled (`use_tiling` False), diffusers runs the decoder on the whole frame: that is one tile covering
+    the frame. Tiled, diffusers' plan equals ours when the tile and overlap are the same for height and
+    width, multiples of the patch size, with 0 < overlap < tile; other settings raise SwapError (diffusers
+    decodes them with misaligned tiles, drops pixels at overlap 0, or never finishes planning).
+    """
+    p = config.patch_size
+    if not vae.use_tiling:
+        return config.replace(tile_size=max(latent_height, latent_width) * p, tile_overlap_min=0)
+    size = (vae.tile_sample_min_height, vae.tile_sample_min_width)
+    overlap = (vae.tile_sample_min_overlap_height, vae.tile_sample_min_overlap_width)
+    if size[0] != size[1] or overlap[0] != overlap[1]:
+        raise SwapError(
+            f"enable_tiling with tile {size[0]}x{size[1]} px and overlap {overlap[0]}/{overlap[1]} px: minimax_h3_vae "
+            "plans one tile size and overlap for both axes; give equal height and width values"
+        )
+    if size[0] % p or overlap[0] % p or not 0 < overlap[0] < size[0]:
+        raise SwapError(
+            f"enable_tiling with tile {size[0]} px and overlap {overlap[0]} px: both must be multiples of {p} px "
+            "(one latent), with 0 < overlap < tile"
+        )
+    return config.replace(tile_size=size[0], tile_overlap_min=overlap[0])
+
+
+def _find_vae(target) -> AutoencoderKLMiniMaxH3:
+    if isinstance(target, AutoencoderKLMiniMaxH3):
+        return target
+    vae = getattr(target, "vae", None)
+    if isinstance(vae, AutoencoderKLMiniMaxH3):
+        return vae
+    held = "no .vae" if vae is None else f"a .vae of type {type(vae).__name__}"
+    raise SwapError(
+        f"swap_decoder takes an AutoencoderKLMiniMaxH3 or a pipeline holding one as .vae; "
+        f"got a {type(target).__name__} with {held}"
+    )

@@ -1,0 +1,48 @@
+"""save_latents writes what the command line reads: the latents, and the frame rate in the metadata."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import REPO
+from safetensors.torch import load_file
+
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, save_latents, to_uint8_frames
+from minimax_h3_vae import cli as cli_module
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_round_trip_through_the_cli_reader(tmp_path, batched):
+    z = torch.randn(1, 24, 3, 2, 3, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    path = save_latents(tmp_path / "latents.safetensors", z if batched else z[0], fps=24)
+    latents, fps = cli_module.read_latents(path)
+    assert torch.equal(latents, z.float()) and fps == 24.0
+    assert cli_module.read_latents(save_latents(tmp_path / "no_fps.safetensors", z))[1] is None
+
+
+def test_cli_decodes_the_saved_file(tmp_path, no_network, monkeypatch):
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+    tiny = REPO / "examples" / "tiny_h3_vae"
+    z = torch.randn(24, 3, 2, 3, generator=torch.Generator().manual_seed(1))
+    source = save_latents(tmp_path / "in.safetensors", z, fps=12.5)
+    out = tmp_path / "out.safetensors"
+    assert cli_module.main([str(source), str(out), "--model", str(tiny), "--device", "cpu"]) == 0
+    model = H3VideoDecoder.from_pretrained(tiny, device="cpu", fused=False)
+    expected = to_uint8_frames(model.decode(denormalize_latents(z[None], model.config)))
+    assert torch.equal(load_file(str(out))["video"], expected)
+
+
+@pytest.mark.parametrize(
+    "latents, fps, message",
+    [
+        (torch.zeros(2, 24, 3, 2, 2), None, "one video"),
+        (torch.zeros(24, 2, 2), None, "one video"),
+        (torch.full((24, 3, 2, 2), float("nan")), None, "NaN"),
+        (torch.zeros(24, 3, 2, 2), 0, "fps"),
+        (torch.zeros(24, 3, 2, 2), "24", "fps"),
+    ],
+)
+def test_bad_arguments(tmp_path, latents, fps, message):
+    with pytest.raises(ValueError, match=message):
+        save_latents(tmp_path / "x.safetensors", latents, fps=fps)
+    assert not (tmp_path / "x.safetensors").exists()
