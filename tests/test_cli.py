@@ -4,6 +4,7 @@ existing output kept)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -509,14 +510,17 @@ def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch
 
 
 def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
-    """The frames are written from a background thread: its error still fails the run, cleanly."""
+    """The frames are written from a background thread: its error (here a full disk while piping frames to
+    ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""
+    from minimax_h3_vae import output
+
     calls = []
 
-    def failing_write(self, frames):
-        calls.append(frames.shape[0])
-        raise OSError("disk full (simulated)")
+    def failing_write(self, data):
+        calls.append(len(data))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(cli.FrameSink, "write", failing_write)
+    monkeypatch.setattr(output.Mp4Sink, "_write", failing_write)
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "video.mp4"
     latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=12))  # two chunks
@@ -524,7 +528,7 @@ def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
     assert calls, "the writer thread ran"
     assert code == 1
     assert_one_error_line(err)
-    assert "disk full" in err
+    assert "No space left on device" in err and "OSError" not in err
     assert tree(tmp_path / "out") == set()
 
 
