@@ -393,10 +393,10 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     try:
         if args.output.suffix.lower() == ".mp4":
             output.check_fps(fps, "--fps" if args.fps else f"{args.input}: metadata fps")
-        if rank == 0:
-            output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
         needs = estimate(source.shape, config, device, weights * (2 if half else 4), args.tile_batch, 2 if half else 4)
         check_fits(needs, device, f"decoding latents {source.shape} to {frames} frames of {width}x{height}")
+        if rank == 0:
+            output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
     except ValueError as error:
         raise InputError(str(error)) from None
 

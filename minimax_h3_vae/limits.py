@@ -106,12 +106,12 @@ def check_fits(needs: Needs, device: torch.device, what: str) -> None:
     ):
         if have is not None and need > have:
             raise ValueError(
-                f"{what} needs about {_size(need)} of {where}, {_size(have)} is available; "
+                f"{what} needs about {format_size(need)} of {where}, {format_size(have)} is available; "
                 "decode a shorter clip or smaller frames, or use a larger machine"
             )
 
 
-def _size(count: int) -> str:
+def format_size(count: int) -> str:
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
         if count >= scale:
             return f"{count / scale:.1f} {unit}"

@@ -104,10 +104,12 @@ def probe_folder(output: Path) -> None:
 
 
 def check_free_space(output: Path, needed: int) -> None:
+    from .limits import format_size
+
     free = shutil.disk_usage(output.parent).free
     if free < needed:
         raise ValueError(
-            f"{output.parent}: {free / 2**20:.1f} MiB free, the output needs at least {needed / 2**20:.1f} MiB; "
+            f"{output.parent}: {format_size(free)} free, the output needs at least {format_size(needed)}; "
             "free some space or write elsewhere"
         )
 
