@@ -306,8 +306,7 @@ def test_safetensors_frames_reach_the_disk_while_decoding(capsys, tmp_path, monk
 
     def decode_stream(self, z, progress=None):
         chunks = list(real(self, z, progress))
-        for chunk in chunks[:-1]:
-            yield chunk
+        yield from chunks[:-1]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             sizes[:] = [p.stat().st_size for p in tmp_path.glob(".minimax-h3-decode-*")]
