@@ -1,11 +1,15 @@
 """Decode MiniMax-H3 video latents to an mp4 (or to uint8 frames in a .safetensors file).
 
-    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--device cpu|cuda]
-        [--dtype fp32|fp16] [--fps 24] [--raw-latents] [--eager] [--tile-batch N] [--verbose]
+    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--device cpu|cuda] [--dtype fp32|fp16]
+        [--fps 24] [--crf 17] [--preset NAME] [--raw-latents] [--eager] [--tile-batch N] [--verbose]
 
 IN holds the latents under the key `latents` (or as its only tensor), shaped (24, T, h, w) or
 (1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Frames are
-written as they are decoded; the output file appears only once it is complete.
+written as they are decoded; the output file appears only once it is complete and verified.
+
+Exit codes: 0 written; 1 failed while decoding or writing; 2 bad input (one `error:` line, checked before
+the model is loaded where possible); 130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP. Whatever the
+failure, nothing is left behind and an existing OUT is unchanged (README, "Command line").
 """
 
 from __future__ import annotations
@@ -14,25 +18,54 @@ import argparse
 import math
 import os
 import queue
+import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
-OUTPUT_FORMATS = (".mp4", ".safetensors")
+from . import output
+from .output import WriteError
+
 DEFAULT_FPS = 24.0
+DEFAULT_CRF = 17
+STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 
 class InputError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGHUP) arrived: unwinds like KeyboardInterrupt, exit code 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+
+
+class Agreed(Exception):
+    """A failure that every rank has agreed on (under torchrun); rank 0 alone reports it."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code, self.line = code, line
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as the one-line `error:` of every other bad input (exit code 2)."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="minimax-h3-decode", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="minimax-h3-decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="latents .safetensors file")
-    parser.add_argument("output", type=Path, help="output .mp4 (H.264, yuv420p) or .safetensors (uint8 frames)")
+    parser.add_argument("output", type=Path, help="output .mp4 (H.264) or .safetensors (uint8 frames, key 'video')")
     parser.add_argument(
         "--model",
         default="MiniMaxAI/MiniMax-H3",
@@ -40,22 +73,59 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), help="default: fp16 (release recipe) on cuda, else fp32")
-    parser.add_argument("--fps", type=float, help="frame rate (default: the input's fps metadata, else 24)")
+    parser.add_argument(
+        "--fps", type=float, help="frame rate, 0.01 to 1000 (default: the input's fps metadata, else 24)"
+    )
+    parser.add_argument(
+        "--crf",
+        type=int,
+        default=DEFAULT_CRF,
+        help="mp4 quality, 0-51, lower is better (default 17); 0 is lossless RGB (exact frames, few players)",
+    )
+    parser.add_argument("--preset", choices=output.X264_PRESETS, help="mp4 encoder speed (default: ffmpeg's, medium)")
     parser.add_argument("--raw-latents", action="store_true", help="latents are already denormalised")
     parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
     parser.add_argument("--tile-batch", type=int, help="tiles per decoder call (lower it to save GPU memory)")
+    parser.add_argument(
+        "--offload",
+        choices=("auto", "none", "blocks"),
+        default="auto",
+        help="blocks: stream the block weights from host memory (small GPUs); auto (default): only if needed",
+    )
+    parser.add_argument(
+        "--max-gpu-memory", type=float, metavar="GIB", help="GPU memory the decoder may hold, weights included"
+    )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks")
     return parser.parse_args(argv)
 
 
-def read_latents(path: Path):
-    """(latents (1, C, T, h, w) float32, fps from the metadata or None) from a .safetensors file."""
+@dataclass
+class LatentsFile:
+    """What the header of IN says, before any tensor data is read."""
+
+    path: Path
+    key: str
+    shape: tuple[int, ...]  # (C, T, h, w)
+    fps: float | None
+
+
+def check_input_path(path: Path) -> None:
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; give the latents .safetensors file")
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: is not a regular file (a FIFO, socket or device); give a .safetensors file")
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+
+
+def read_latents_header(path: Path) -> LatentsFile:
+    """IN's tensor name, shape and dtype and its fps metadata, from the header alone; InputError if the
+    decoder cannot take them."""
     from safetensors import safe_open
 
-    from .latents import check_latents
+    from .latents import check_dtype
 
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    check_input_path(path)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             keys = list(handle.keys())
@@ -66,19 +136,24 @@ def read_latents(path: Path):
                 key = keys[0]
             else:
                 raise InputError(f"{path}: no tensor named 'latents' among {keys[:8]}; name it 'latents'")
-            latents = handle.get_tensor(key)
+            tensor = handle.get_slice(key)
+            shape, dtype_name = tuple(tensor.get_shape()), tensor.get_dtype()
     except InputError:
         raise
-    except Exception as error:
+    except Exception as error:  # safetensors' own error types; their text says what is wrong
         raise InputError(f"{path}: not a readable .safetensors file ({error})") from None
-    if latents.ndim == 4:
-        latents = latents[None]
-    if latents.ndim != 5 or latents.shape[0] != 1:
-        raise InputError(
-            f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got {tuple(latents.shape)}"
-        )
-    try:  # the decoder's own checks, before the (long) checkpoint load; channels once the model is known
-        check_latents(latents, channels=None)
+    if len(shape) == 5 and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) != 4:
+        raise InputError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got {shape}")
+    if min(shape) == 0:
+        raise InputError(f"{path}: latents are empty: shape {shape}")
+    dtype = torch_dtype(dtype_name)
+    if dtype is None or not dtype.is_floating_point:
+        got = str(dtype).removeprefix("torch.") if dtype is not None else dtype_name
+        raise InputError(f"{path}: latents must be floating point, got {got}")
+    try:
+        check_dtype(dtype)
     except ValueError as error:
         raise InputError(f"{path}: {error}") from None
     fps = None
@@ -89,90 +164,55 @@ def read_latents(path: Path):
             fps = math.nan
         if not (fps > 0 and math.isfinite(fps)):
             raise InputError(f"{path}: metadata fps={metadata['fps']!r} is not a positive number; fix it or pass --fps")
-    return latents.float(), fps
+    return LatentsFile(path, key, shape, fps)
 
 
-class FrameSink:
-    """Writes uint8 (H, W, 3) frames to a temporary file beside the output, renamed into place on commit."""
+def torch_dtype(name: str):
+    """A safetensors dtype name (F32, BF16, F8_E4M3, I64, ...) as a torch dtype; None if torch has none."""
+    import torch
 
-    def __init__(self, output: Path, width: int, height: int, fps: float):
-        self.output = output
-        self.kind = output.suffix.lower()
-        handle, name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=self.kind, dir=output.parent)
-        os.close(handle)
-        self.temp = Path(name)
-        self.frames = []
-        self.writer = None
-        if self.kind == ".mp4":
-            import imageio_ffmpeg
+    names = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn"}
+    names.update(F8_E5M2="float8_e5m2", I64="int64", I32="int32", I16="int16", I8="int8", U8="uint8", BOOL="bool")
+    return getattr(torch, names.get(name, ""), None)
 
-            try:
-                self.writer = imageio_ffmpeg.write_frames(
-                    str(self.temp),
-                    (width, height),
-                    fps=fps,
-                    codec="libx264",
-                    pix_fmt_in="rgb24",
-                    pix_fmt_out="yuv420p",
-                    macro_block_size=1,
-                    ffmpeg_log_level="error",
-                    quality=None,
-                    output_params=["-crf", "17", "-movflags", "+faststart"],
-                )
-                self.writer.send(None)
-            except BaseException:
-                self.discard()
-                raise
 
-    def write(self, frames) -> None:
-        """frames: uint8 (f, H, W, 3) on the CPU."""
-        if self.writer is not None:
-            for frame in frames.numpy():
-                self.writer.send(frame)
-        else:
-            self.frames.append(frames)
+def read_latents(source: LatentsFile):
+    """The latents (1, C, T, h, w) as float32; InputError for NaN or Inf."""
+    from safetensors import safe_open
 
-    def commit(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        else:
-            import torch
-            from safetensors.torch import save_file
+    from .latents import check_latents
 
-            save_file({"video": torch.cat(self.frames).contiguous()}, str(self.temp))
-        # mkstemp makes the file private; the output gets the permissions of any newly created file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.temp, 0o666 & ~umask)
-        os.replace(self.temp, self.output)
-
-    def discard(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # ffmpeg may already be gone; the temporary file is removed either way
-                pass
-        self.temp.unlink(missing_ok=True)
+    try:
+        with safe_open(str(source.path), framework="pt", device="cpu") as handle:
+            latents = handle.get_tensor(source.key)
+    except Exception as error:
+        raise InputError(f"{source.path}: not a readable .safetensors file ({error})") from None
+    latents = latents.reshape(1, *source.shape)
+    try:
+        check_latents(latents, channels=None)
+    except ValueError as error:
+        raise InputError(f"{source.path}: {error}") from None
+    return latents.float()
 
 
 class BackgroundWriter:
-    """Feeds a FrameSink from a thread, so encoding a chunk overlaps decoding the next one on the GPU.
+    """Feeds a sink from a thread, so encoding a chunk overlaps decoding the next one on the GPU.
 
     At most `depth` chunks wait in the queue, which bounds host memory. An error in the writer is raised
     in the caller at its next `put` or at `close`.
     """
 
-    def __init__(self, sink: FrameSink, depth: int = 2):
+    def __init__(self, sink: output.Sink, depth: int = 2):
         self.sink = sink
         self.queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
+        self.cancelled = False
         self.thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while (frames := self.queue.get()) is not None:
-            if self.error is None:
+            if self.error is None and not self.cancelled:
                 try:
                     self.sink.write(frames)
                 except BaseException as error:  # handed to the caller; keep draining so it never blocks
@@ -183,26 +223,29 @@ class BackgroundWriter:
             raise self.error
         self.queue.put(frames)
 
-    def stop(self) -> None:
-        """Let the thread write what is queued and end."""
+    def close(self) -> None:
+        """Wait for every queued chunk to be written; raise the writer's error, if any."""
+        self._stop()
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        """Drop what is queued and end the thread (after the chunk it is writing, if any)."""
+        self.cancelled = True
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        self._stop()
+
+    def _stop(self) -> None:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
 
-    def close(self) -> None:
-        """Wait for every queued chunk to be written; raise the writer's error, if any."""
-        self.stop()
-        if self.error is not None:
-            raise self.error
 
-
-def check_output(output: Path) -> None:
-    if output.suffix.lower() not in OUTPUT_FORMATS:
-        raise InputError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
-    if not output.parent.is_dir():
-        raise InputError(f"{output.parent}: output folder does not exist")
-    if output.is_dir():
-        raise InputError(f"{output}: is a folder; give a file name")
+# ---- torch.distributed ---------------------------------------------------------------------------------
 
 
 def init_distributed(args: argparse.Namespace):
@@ -224,144 +267,299 @@ def init_distributed(args: argparse.Namespace):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def agree(error: InputError | None, ranks: int) -> None:
-    """All ranks learn whether any rank failed its checks, and all raise the first failing rank's error, so
-    none goes on to wait for the others in the decode."""
+def agree(error: Exception | None, ranks: int) -> None:
+    """Every rank calls this at the same points (after preparing, after each chunk, after writing): all
+    learn whether any rank failed, and all raise the first failing rank's report as `Agreed`, with its
+    exit code, so none is left waiting in a collective. On one process: the error itself, if any."""
     if ranks == 1:
         if error is not None:
             raise error
         return
     import torch.distributed as dist
 
-    errors = [None] * ranks
-    dist.all_gather_object(errors, None if error is None else str(error))
-    failed = [(rank, text) for rank, text in enumerate(errors) if text is not None]
+    reports = [None] * ranks
+    dist.all_gather_object(reports, None if error is None else describe(error))
+    failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
     if failed:
-        rank, text = failed[0]
-        raise InputError(f"{text} (rank {rank})")
+        rank, (code, line) = failed[0]
+        raise Agreed(code, f"{line} (rank {rank})" if rank else line)
 
 
-def run(args: argparse.Namespace) -> None:
-    import torch
+# ---- the run --------------------------------------------------------------------------------------------
 
-    rank, ranks, device = init_distributed(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else (0, 1, None)
+
+@dataclass
+class Prepared:
+    decoder: object  # H3VideoDecoder
+    z: object  # raw latents (1, C, T, h, w), float32
+    fps: float
+    frames: int
+    height: int
+    width: int
+    sink: output.Sink | None  # rank 0's open output
+
+
+def run(args: argparse.Namespace, rank: int, ranks: int, device) -> None:
+    prepared = None
     try:
-        error, prepared = None, None
+        error = None
         try:
-            prepared = prepare(args, device)
-        except InputError as failure:
+            prepared = prepare(args, device, rank)
+        except Exception as failure:
             error = failure
         agree(error, ranks)
-        decode(args, *prepared, rank=rank, ranks=ranks)
-    finally:
-        if ranks > 1:
-            torch.distributed.destroy_process_group()
+        decode(args, prepared, rank, ranks)
+    except BaseException:
+        if prepared is not None and prepared.sink is not None:
+            prepared.sink.discard()
+        raise
 
 
-def prepare(args: argparse.Namespace, device):
-    """Check the arguments, read the latents, load the decoder: (decoder, latents z, fps), or InputError."""
+def check_arguments(args: argparse.Namespace) -> None:
+    if args.tile_batch is not None and args.tile_batch < 1:
+        raise InputError(f"--tile-batch must be at least 1, got {args.tile_batch}")
+    if args.fps is not None:
+        try:
+            output.check_fps(args.fps, "--fps")
+        except ValueError as error:
+            raise InputError(str(error)) from None
+    if args.max_gpu_memory is not None and not (0 < args.max_gpu_memory < math.inf):
+        raise InputError(f"--max-gpu-memory must be a positive number of GiB, got {args.max_gpu_memory}")
+    low, high = output.CRF_RANGE
+    if not low <= args.crf <= high:
+        raise InputError(f"--crf must be a whole number from {low} (lossless) to {high} (worst), got {args.crf}")
+    if args.output.suffix.lower() != ".mp4" and (args.crf != DEFAULT_CRF or args.preset):
+        raise InputError("--crf and --preset set the mp4 encoder; the output is not an .mp4")
+
+
+def checkpoint_files(model: str, checkpoint) -> list[Path]:
+    """Every file the checkpoint is read from: its weights and, for a local path, everything under it."""
+    files = list(checkpoint.files.values())
+    path = Path(model).expanduser()
+    if path.is_file():
+        files.append(path)
+    elif path.is_dir():
+        files += [Path(root) / name for root, _, names in os.walk(path) for name in names]
+    return files
+
+
+def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
+    """Every check, cheapest first, then the decoder and (on rank 0) the open output.
+
+    Before anything is loaded: the arguments, OUT (format, its folder takes a file, not IN), IN's header,
+    the device settings. From the checkpoint's headers alone: OUT is none of its files, the latent
+    channels, the frame rate, free disk space and the memory estimate. Only then are the latents and the
+    weights read.
+    """
     import torch
 
     from .latents import denormalize_latents
-    from .loading import CheckpointError
+    from .limits import check_fits, estimate
+    from .loading import CheckpointError, load_checkpoint
     from .model import H3VideoDecoder
+    from .runtime import resolve_device, resolve_dtype, resolve_fused
+    from .tiling import plan_chunks
 
-    check_output(args.output)
-    if args.tile_batch is not None and args.tile_batch < 1:
-        raise InputError(f"--tile-batch must be at least 1, got {args.tile_batch}")
-    if args.fps is not None and not (args.fps > 0 and math.isfinite(args.fps)):
-        raise InputError(f"--fps must be a positive number, got {args.fps}")
-    latents, file_fps = read_latents(args.input)
+    check_arguments(args)
+    try:
+        output.check_output_name(args.output)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    check_input_path(args.input)
+    if output.same_file(args.output, args.input):
+        raise InputError(f"{args.output}: is the input file; give another output name")
+    if rank == 0:
+        try:
+            output.probe_folder(args.output)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+    source = read_latents_header(args.input)
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available; use --device cpu")
-    device = device or torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if int(os.environ.get("RANK", "0")) == 0:
+    try:
+        device = device or resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        fused = False if args.eager else resolve_fused(None, device)
+    except ValueError as error:  # e.g. MINIMAX_H3_VAE_FUSED=yes
+        raise InputError(str(error)) from None
+
+    if rank == 0:
         print(f"loading {args.model} onto {device} ...", file=sys.stderr, flush=True)
     try:
-        decoder = H3VideoDecoder.from_pretrained(
-            args.model, device=device, dtype=args.dtype, fused=False if args.eager else None, tile_batch=args.tile_batch
-        )
-    except (CheckpointError, ValueError) as error:  # ValueError: a setting, e.g. MINIMAX_H3_VAE_FUSED=yes
+        checkpoint = load_checkpoint(args.model)
+    except CheckpointError as error:
         raise InputError(str(error)) from None
-    if latents.shape[1] != decoder.config.latent_channels:
-        raise InputError(
-            f"{args.input}: latents have {latents.shape[1]} channels, the model takes {decoder.config.latent_channels}"
+    if any(output.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):
+        raise InputError(f"{args.output}: is a file of the checkpoint {args.model}; give another output name")
+    config = checkpoint.config
+    channels, frames_in, h, w = source.shape
+    if channels != config.latent_channels:
+        raise InputError(f"{args.input}: latents have {channels} channels, the model takes {config.latent_channels}")
+    frames = plan_chunks(frames_in, config).out_frames
+    height, width = h * config.patch_size, w * config.patch_size
+    fps = args.fps or source.fps or DEFAULT_FPS
+    element = 2 if dtype == torch.float16 else 4
+    weights = element * sum(math.prod(shape) for key, shape in checkpoint.shapes.items() if key.startswith("decoder"))
+    if args.offload != "none" and device.type == "cuda":  # streamed (or streamed if it must): two blocks' worth
+        weights = 2 * weights // config.num_layers
+    cap = None if args.max_gpu_memory is None else int(args.max_gpu_memory * 2**30)
+    try:
+        if args.output.suffix.lower() == ".mp4":
+            output.check_fps(fps, "--fps" if args.fps else f"{args.input}: metadata fps")
+        needs = estimate(source.shape, config, device, weights, args.tile_batch, element)
+        what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
+        check_fits(needs, device, what, cap)
+        if rank == 0:
+            output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+
+    latents = read_latents(source)
+    try:
+        z = latents if args.raw_latents else denormalize_latents(latents, config)
+    except ValueError as error:
+        raise InputError(f"{args.input}: {error}") from None
+    try:
+        decoder = H3VideoDecoder.from_pretrained(
+            args.model,
+            device=device,
+            dtype=dtype,
+            fused=fused,
+            tile_batch=args.tile_batch,
+            offload=args.offload,
+            max_gpu_memory=args.max_gpu_memory,
         )
-    z = latents if args.raw_latents else denormalize_latents(latents, decoder.config)
-    return decoder, z, args.fps or file_fps or DEFAULT_FPS
+    except (CheckpointError, ValueError) as error:
+        raise InputError(str(error)) from None
+    sink = output.open_sink(args.output, frames, height, width, fps, args.crf, args.preset) if rank == 0 else None
+    return Prepared(decoder, z, fps, frames, height, width, sink)
 
 
-def decode(args: argparse.Namespace, decoder, z, fps: float, rank: int, ranks: int) -> None:
+def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) -> None:
     """Decode and write; with several ranks, each decodes its tiles and rank 0 alone writes the file."""
     import torch
     from tqdm import tqdm
 
     from .frames import to_uint8_frames
-    from .tiling import plan_chunks
 
-    config, device = decoder.config, decoder.device
+    decoder, z, sink = prepared.decoder, prepared.z, prepared.sink
+    device = decoder.device
     decoder.output_rank = 0 if ranks > 1 else None
-    _, _, frames_in, h, w = z.shape
-    frames_out = plan_chunks(frames_in, config).out_frames
-    height, width = h * config.patch_size, w * config.patch_size
     if rank != 0:
         for _ in decoder.decode_stream(z.to(device)):
-            pass
+            agree(None, ranks)
+        agree(None, ranks)
         return
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
     path = "fused" if decoder.runtime.fused else "eager"
+    path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
+    frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
     print(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}", file=sys.stderr)
-    print(f"latents {tuple(z.shape[1:])} -> {frames_out} frames of {width}x{height} at {fps:g} fps", file=sys.stderr)
+    print(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps", file=sys.stderr)
 
     start = time.perf_counter()
-    sink = writer = None
+    writer = BackgroundWriter(sink)
     try:
-        sink = FrameSink(args.output, width, height, fps)
-        writer = BackgroundWriter(sink)
         with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
 
             def progress(done: int, total: int) -> None:
                 bar.total = total
                 bar.update(done - bar.n)
 
+            first_chunk = None
             for chunk in decoder.decode_stream(z.to(device), progress):
-                writer.put(to_uint8_frames(chunk).cpu())
-        writer.close()
-        sink.commit()
+                # The first window carries one-time costs (Triton compiles or loads its kernels, cuDNN plans).
+                first_chunk = first_chunk or time.perf_counter() - start
+                error = None
+                try:
+                    writer.put(to_uint8_frames(chunk).cpu())
+                except Exception as failure:
+                    error = failure
+                agree(error, ranks)
+        error = None
+        try:
+            writer.close()
+            sink.commit()
+        except Exception as failure:
+            error = failure
+        agree(error, ranks)
     except BaseException:
-        if writer is not None:
-            writer.stop()
-        if sink is not None:
-            sink.discard()
+        sink.discard()  # first: it stops ffmpeg, so a writer blocked on ffmpeg's pipe returns
+        writer.cancel()
+        sink.discard()
         raise
     seconds = time.perf_counter() - start
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
     print(
-        f"wrote {args.output}: {frames_out} frames in {seconds:.1f} s ({frames_out / seconds:.2f} frames/s){memory}",
+        f"wrote {args.output}: {frames} frames in {seconds:.1f} s ({frames / seconds:.2f} frames/s; first chunk "
+        f"after {first_chunk:.1f} s, one-time kernel set-up included){memory}",
         file=sys.stderr,
     )
 
 
+# ---- exit codes, messages, signals ---------------------------------------------------------------------
+
+
+def describe(error: BaseException) -> tuple[int, str]:
+    """(exit code, the one line to print) for every way a run can end early."""
+    if isinstance(error, Agreed):
+        return error.code, error.line
+    if isinstance(error, InputError):
+        return 2, f"error: {error}"
+    if isinstance(error, Stopped):
+        return 128 + error.signum, f"interrupted by {error}: nothing was written"
+    if isinstance(error, KeyboardInterrupt):
+        return 130, "interrupted by SIGINT: nothing was written"
+    if isinstance(error, WriteError):
+        return 1, f"error: {error}"
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename else ""
+        return 1, f"error: {where}{error.strerror}; nothing was written"
+    return 1, f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)"
+
+
+def _stop(signum, frame) -> None:
+    """The first stop signal unwinds the run, cleanup included; later ones are ignored, so that the cleanup
+    finishes."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+    rank = int(os.environ.get("RANK", "0"))
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    distributed = False
     try:
-        run(args)
-    except InputError as error:
-        if args.verbose:
+        device = None
+        if ranks > 1:
+            rank, ranks, device = init_distributed(args)
+            distributed = True
+        run(args, rank, ranks, device)
+    except (Exception, KeyboardInterrupt, Stopped) as error:
+        code, line = describe(error)
+        if args.verbose and not isinstance(error, Agreed):
             traceback.print_exc()
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; nothing was written", file=sys.stderr)
-        return 130
-    except Exception as error:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)", file=sys.stderr)
-        return 1
+        if rank == 0 or not isinstance(error, Agreed):
+            print(line, file=sys.stderr, flush=True)
+        return code
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     return 0
 
 

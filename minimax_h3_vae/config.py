@@ -95,17 +95,34 @@ class H3DecoderConfig:
     latents_std: tuple[float, ...] = RELEASED_LATENTS_STD
 
     def __post_init__(self):
+        for name, least in _INT_FIELDS.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                raise ConfigError(f"{name} must be a whole number >= {least}, got {value!r}")
+        for name, (low, high) in _FLOAT_FIELDS.items():
+            value = getattr(self, name)
+            if not (_is_real(value) and low < value <= high):
+                raise ConfigError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
+            object.__setattr__(self, name, float(value))
         if self.head_dim * self.rope_dim_ratio % 6:
             raise ConfigError(
                 f"rotary dims {self.head_dim} * {self.rope_dim_ratio} must split into 3 axes x (cos, sin) pairs"
             )
         for name in ("latents_mean", "latents_std"):
             values = getattr(self, name)
+            if not isinstance(values, (list, tuple)) or not all(_is_real(v) and math.isfinite(v) for v in values):
+                raise ConfigError(f"{name} must be a list of {self.latent_channels} finite numbers, got {values!r}")
             if len(values) != self.latent_channels:
                 raise ConfigError(f"{name} has {len(values)} entries, expected {self.latent_channels}")
             object.__setattr__(self, name, tuple(float(v) for v in values))
+        if min(self.latents_std) <= 0:
+            raise ConfigError(f"latents_std must be positive, got {min(self.latents_std)}")
         if self.tile_size % self.patch_size or self.tile_overlap_min % self.patch_size:
             raise ConfigError("tile size and overlap must be multiples of the patch size")
+        if self.tile_overlap_min >= self.tile_size:
+            raise ConfigError(
+                f"tile overlap {self.tile_overlap_min} must be smaller than the tile size {self.tile_size}"
+            )
 
     @property
     def dim(self) -> int:
@@ -152,6 +169,9 @@ class H3DecoderConfig:
     @classmethod
     def from_original(cls, wrapper: dict[str, Any], model: dict[str, Any], **overrides) -> H3DecoderConfig:
         """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model)."""
+        _expect_object(wrapper, "video_vae/config.json")
+        _expect_object(model, "video_vae/source/config.json")
+        _expect_object(model.get("vit_decoder_kwargs", {}), "vit_decoder_kwargs")
         _expect(wrapper, "video_vae/config.json", latent_channels=None, vae_decoder_tiling=1)
         _expect(
             model,
@@ -182,14 +202,14 @@ class H3DecoderConfig:
             num_layers=vit.get("num_layers", 36),
             num_heads=vit.get("heads", 32),
             head_dim=vit.get("dim_head", 64),
-            rope_theta=float(vit.get("rope_theta", 100.0)),
-            rope_dim_ratio=float(vit.get("rope_dim_ratio", 0.75)),
+            rope_theta=vit.get("rope_theta", 100.0),
+            rope_dim_ratio=vit.get("rope_dim_ratio", 0.75),
             clip_length=wrapper.get("vae_clip_length", 17),
             token_drop=wrapper.get("vae_token_drop", 3),
             tile_size=wrapper.get("vae_tile_size", 256),
             tile_overlap_min=wrapper.get("vae_tile_overlap_min", 64),
-            latents_mean=tuple(wrapper.get("latents_mean", RELEASED_LATENTS_MEAN)),
-            latents_std=tuple(wrapper.get("latents_std", RELEASED_LATENTS_STD)),
+            latents_mean=wrapper.get("latents_mean", RELEASED_LATENTS_MEAN),
+            latents_std=wrapper.get("latents_std", RELEASED_LATENTS_STD),
         )
         if model.get("z_channels", fields["latent_channels"]) != fields["latent_channels"]:
             raise ConfigError("video_vae/config.json and source/config.json disagree on the latent channels")
@@ -198,6 +218,7 @@ class H3DecoderConfig:
     @classmethod
     def from_diffusers(cls, config: dict[str, Any], **overrides) -> H3DecoderConfig:
         """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3` (tiling 256/64 is fixed there)."""
+        _expect_object(config, "vae/config.json")
         name = config.get("_class_name", "AutoencoderKLMiniMaxH3")
         if name != "AutoencoderKLMiniMaxH3":
             raise ConfigError(f"vae/config.json describes {name}, not AutoencoderKLMiniMaxH3")
@@ -205,8 +226,8 @@ class H3DecoderConfig:
         if unknown:
             raise ConfigError(f"vae/config.json has settings this decoder does not implement: {sorted(unknown)}")
         _expect(config, "vae/config.json", out_channels=3)
-        spatial = math.prod(config.get("spatial_downsample_factors", (2, 2, 2, 2, 1, 1)))
-        temporal = math.prod(config.get("temporal_downsample_factors", (1, 2, 2, 1, 1, 1)))
+        spatial = _factor(config, "spatial_downsample_factors", (2, 2, 2, 2, 1, 1))
+        temporal = _factor(config, "temporal_downsample_factors", (1, 2, 2, 1, 1, 1))
         fields = dict(
             latent_channels=config.get("latent_channels", 24),
             patch_size=spatial,
@@ -216,15 +237,55 @@ class H3DecoderConfig:
             head_dim=config.get("decoder_attention_head_dim", 64),
             num_register_tokens=config.get("decoder_num_register_tokens", 4),
             ffn_mult=config.get("decoder_ffn_mult", 4),
-            rope_theta=float(config.get("decoder_rope_theta", 100.0)),
-            rope_dim_ratio=float(config.get("decoder_rope_dim_ratio", 0.75)),
-            norm_eps=float(config.get("decoder_norm_eps", 1e-5)),
+            rope_theta=config.get("decoder_rope_theta", 100.0),
+            rope_dim_ratio=config.get("decoder_rope_dim_ratio", 0.75),
+            norm_eps=config.get("decoder_norm_eps", 1e-5),
             clip_length=config.get("clip_length", 17),
             token_drop=config.get("token_drop", 3),
-            latents_mean=tuple(config.get("latents_mean", RELEASED_LATENTS_MEAN)),
-            latents_std=tuple(config.get("latents_std", RELEASED_LATENTS_STD)),
+            latents_mean=config.get("latents_mean", RELEASED_LATENTS_MEAN),
+            latents_std=config.get("latents_std", RELEASED_LATENTS_STD),
         )
         return cls(**{**fields, **overrides})
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# Whole-number fields and their least value; the tensors bound the model-sizing ones (loading.py).
+_INT_FIELDS = {
+    "latent_channels": 1,
+    "out_channels": 1,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "num_layers": 1,
+    "num_heads": 1,
+    "head_dim": 1,
+    "num_register_tokens": 0,
+    "ffn_mult": 1,
+    "clip_length": 1,
+    "token_drop": 0,
+    "tile_size": 1,
+    "tile_overlap_min": 0,
+}
+# Real-valued fields and their range (low, high].
+_FLOAT_FIELDS = {"rope_theta": (0.0, math.inf), "rope_dim_ratio": (0.0, 1.0), "norm_eps": (0.0, 1.0)}
+
+
+def _expect_object(config: Any, where: str) -> None:
+    if not isinstance(config, dict):
+        kind = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(config), "a number")
+        raise ConfigError(f"{where} must hold a JSON object ({{...}}), got {kind}")
+
+
+def _factor(config: dict[str, Any], key: str, default: tuple[int, ...]) -> int:
+    """The product of a list of down-sampling factors, each a whole number >= 1."""
+    factors = config.get(key, default)
+    if not isinstance(factors, (list, tuple)) or not all(
+        isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in factors
+    ):
+        raise ConfigError(f"vae/config.json: {key} must be a list of whole numbers >= 1, got {factors!r}")
+    return math.prod(factors)
 
 
 def _expect(config: dict[str, Any], where: str, **expected) -> None:

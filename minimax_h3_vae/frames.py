@@ -9,9 +9,19 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _check_video(video: torch.Tensor, name: str) -> None:
+    """ValueError unless `video` is floating-point (B, 3, F, H, W) or (3, F, H, W): channels on dim -4."""
+    if not isinstance(video, torch.Tensor) or video.ndim not in (4, 5) or video.shape[-4] != 3:
+        shape = tuple(video.shape) if isinstance(video, torch.Tensor) else type(video).__name__
+        raise ValueError(f"{name} takes decoder output (B, 3, F, H, W) or (3, F, H, W), got {shape}")
+    if not video.is_floating_point() or video.dtype.itemsize == 1:
+        raise ValueError(f"{name} takes floating-point decoder output, got {video.dtype}")
+
+
 def to_unit_rgb(video: torch.Tensor) -> torch.Tensor:
     """Decoder output (B, 3, F, H, W) or (3, F, H, W), ImageNet-normalised -> RGB in [0, 1], same layout,
-    float32."""
+    float32. Other layouts are a ValueError."""
+    _check_video(video, "to_unit_rgb")
     std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
     mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
     return (video.float() * std + mean).clamp_(0.0, 1.0)
@@ -19,6 +29,7 @@ def to_unit_rgb(video: torch.Tensor) -> torch.Tensor:
 
 def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     """Decoder output of one video (3, F, H, W) or (1, 3, F, H, W) -> uint8 frames (F, H, W, 3), rounded."""
+    _check_video(video, "to_uint8_frames")
     if video.ndim == 5:
         if video.shape[0] != 1:
             raise ValueError(f"to_uint8_frames takes one video, got a batch of {video.shape[0]}")

@@ -12,11 +12,22 @@ from safetensors.torch import save_file
 
 from .config import H3DecoderConfig
 
+# Floating-point dtypes the decoder computes from (it upcasts to float32); float8 and complex are refused.
+LATENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    """Raise ValueError for a latent dtype the decoder does not take."""
+    if dtype not in LATENT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in LATENT_DTYPES)
+        raise ValueError(f"latents must be floating point ({names}), got {str(dtype).removeprefix('torch.')}")
+
 
 def check_latents(z: torch.Tensor, channels: int | None) -> None:
     """Raise ValueError naming the problem for latents the decoder cannot take.
 
-    z: (B, C, T, h, w); `channels`: the decoder's C, or None to leave the channel count unchecked.
+    z: (B, C, T, h, w), float32/float16/bfloat16/float64, on a device that holds data (not `meta`);
+    `channels`: the decoder's C, or None to leave the channel count unchecked.
     """
     layout = f"(B, {channels or 'C'}, T, h, w)"
     if not isinstance(z, torch.Tensor):
@@ -30,18 +41,41 @@ def check_latents(z: torch.Tensor, channels: int | None) -> None:
         )
     if min(z.shape) == 0:
         raise ValueError(f"latents are empty: shape {tuple(z.shape)}")
-    if not z.is_floating_point():
-        raise ValueError(f"latents must be floating point, got {z.dtype}")
+    check_dtype(z.dtype)
+    if z.is_meta:
+        raise ValueError("latents are on the meta device and hold no values; move real latents to 'cpu' or 'cuda'")
     if not torch.isfinite(z).all():
         raise ValueError("latents contain NaN or Inf")
 
 
 def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tensor:
-    """Pipeline latents -> decoder input: `z * latents_std + latents_mean`, per channel (dim 1), float32."""
-    shape = (1, -1) + (1,) * (z.ndim - 2)
+    """Pipeline latents -> decoder input: `z * latents_std + latents_mean` per channel, float32.
+
+    z: (B, C, T, h, w) or (C, T, h, w), C = config.latent_channels: the channel axis is dim 1 of a 5-D
+    tensor and dim 0 of a 4-D one; any other layout is a ValueError (it is never broadcast on a guess).
+    Raises ValueError when finite latents overflow float32 here (they are then not normalised latents).
+    """
+    if not isinstance(z, torch.Tensor) or z.ndim not in (4, 5):
+        shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise ValueError(f"denormalize_latents takes (B, C, T, h, w) or (C, T, h, w) latents, got {shape}")
+    axis = z.ndim - 4
+    channels = config.latent_channels
+    if z.shape[axis] != channels:
+        raise ValueError(
+            f"latents {tuple(z.shape)} have {z.shape[axis]} channels on dim {axis}, the checkpoint's statistics "
+            f"{channels}: expected (B, {channels}, T, h, w) or ({channels}, T, h, w)"
+        )
+    check_dtype(z.dtype)
+    shape = (-1, 1, 1, 1)
     mean = torch.tensor(config.latents_mean, dtype=torch.float32, device=z.device).view(shape)
     std = torch.tensor(config.latents_std, dtype=torch.float32, device=z.device).view(shape)
-    return z.float() * std + mean
+    out = z.float() * std + mean
+    if not z.is_meta and not torch.isfinite(out).all() and torch.isfinite(z).all():
+        raise ValueError(
+            f"latents overflow float32 when denormalised (largest |z| is {z.abs().max().item():.3g}): they are not "
+            "normalised pipeline latents; if they are already denormalised, pass them as they are (--raw-latents)"
+        )
+    return out
 
 
 def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | None = None) -> Path:

@@ -202,12 +202,49 @@ def _open_local(path: Path, origin: str) -> Checkpoint:
 
 
 def _read_json(path: Path, origin: str) -> dict:
+    """A JSON file that must hold an object."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{origin}: missing file {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{origin}: {path} is not valid JSON ({error})") from None
+    except OSError as error:
+        raise CheckpointError(f"{origin}: cannot read {path} ({error.strerror})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{origin}: {path} must hold a JSON object ({{...}})")
+    return data
+
+
+def _check_against_tensors(config: H3DecoderConfig, shapes: dict[str, tuple[int, ...]], layout: str, origin: str):
+    """The config's model-sizing fields against the tensor shapes of the file headers, before anything is
+    allocated: a config that does not describe these weights (e.g. num_layers 10**6) fails here, and one
+    that passes sizes the model by tensors that exist on disk. `Checkpoint.check` then checks every tensor."""
+    diffusers = layout == "diffusers"
+    embed = "decoder.proj_in.weight" if diffusers else "decoder.x_embedder.weight"
+    w1 = "decoder.transformer_blocks.0." + ("ff.net.0.proj.weight" if diffusers else "ff.w1.weight")
+    blocks = len({m.group(1) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))})
+    if embed not in shapes:
+        raise CheckpointError(f"{origin}: missing tensor {embed!r} ({layout} layout)")
+    dim = shapes[embed][0]
+    found = {
+        "latent_channels": (config.latent_channels, shapes[embed][-1]),
+        "num_heads x head_dim": (config.dim, dim),
+    }
+    if w1 in shapes:
+        found["ffn_mult"] = (config.ffn_mult, shapes[w1][0] // (2 * dim) if dim else 0)
+    if "decoder.register_tokens" in shapes:
+        found["num_register_tokens"] = (config.num_register_tokens, shapes["decoder.register_tokens"][1])
+    if "decoder.proj_out.weight" in shapes:
+        found["out_channels x patch_size_t x patch_size^2"] = (config.patch_dim, shapes["decoder.proj_out.weight"][0])
+    wrong = [f"{name} {want} (the tensors say {have})" for name, (want, have) in found.items() if want != have]
+    if config.num_layers > blocks:  # fewer: Checkpoint.check names the tensors of the blocks left over
+        wrong.insert(0, f"num_layers {config.num_layers} (the tensors hold {blocks} blocks)")
+    if wrong:
+        raise CheckpointError(
+            f"{origin}: the config does not match the weights: {'; '.join(wrong)}; fix config.json or use the "
+            "config that came with these weights"
+        )
 
 
 def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
@@ -246,14 +283,22 @@ def _data_end(path: Path) -> int:
 
 def _open_original(folder: Path, origin: str) -> Checkpoint:
     wrapper = _read_json(folder / "config.json", origin)
-    source_dir = folder / wrapper.get("source_path", "source")
+    paths = {
+        key: wrapper.get(key, default)
+        for key, default in (("source_path", "source"), ("source_safetensors_path", "model.safetensors"))
+    }
+    for key, value in paths.items():
+        if not isinstance(value, str) or not value:
+            raise CheckpointError(f"{origin}: {folder / 'config.json'}: {key} must be a file name, got {value!r}")
+    source_dir = folder / paths["source_path"]
     model = _read_json(source_dir / "config.json", origin)
-    weights = source_dir / wrapper.get("source_safetensors_path", "model.safetensors")
+    weights = source_dir / paths["source_safetensors_path"]
     try:
         config = H3DecoderConfig.from_original(wrapper, model)
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     where, shapes = _headers([weights], origin)
+    _check_against_tensors(config, shapes, "original", origin)
     return Checkpoint("original", config, where, shapes, origin)
 
 
@@ -265,10 +310,13 @@ def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
     index = folder / DIFFUSERS_INDEX
     if index.is_file():
         weight_map = _read_json(index, origin).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{origin}: {index}: weight_map must map tensor names to file names")
         files = sorted({folder / name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)})
     else:
         files = [folder / DIFFUSERS_SINGLE]
     where, shapes = _headers(files, origin)
+    _check_against_tensors(config, shapes, "diffusers", origin)
     return Checkpoint("diffusers", config, where, shapes, origin)
 
 
@@ -297,8 +345,13 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
-    """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache."""
-    from huggingface_hub import hf_hub_download
+    """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache.
+
+    The local cache is looked at first, with no network at all: a repo cached once loads offline at once.
+    Otherwise the hub is asked once; a hub that cannot be reached is an error at the first file (no
+    fallback to the other layout, which would only retry the same unreachable host).
+    """
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
         LocalEntryNotFoundError,
@@ -307,38 +360,65 @@ def _download(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
-    def fetch(filename: str) -> Path:
-        return Path(hf_hub_download(repo_id, filename, revision=revision))
+    def locate(local_only: bool) -> Path:
+        def fetch(filename: str) -> Path:
+            return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_only))
 
-    try:
         try:
             sub = ORIGINAL_SUBFOLDERS[0]
             wrapper = json.loads(fetch(f"{sub}/config.json").read_text())
-            source = wrapper.get("source_path", "source")
+            source = wrapper.get("source_path", "source") if isinstance(wrapper, dict) else "source"
             fetch(f"{sub}/{source}/config.json")
             weights = fetch(f"{sub}/{source}/{wrapper.get('source_safetensors_path', 'model.safetensors')}")
             return weights.parents[len(Path(source).parts)]
+        except LocalEntryNotFoundError:
+            if not local_only:  # the hub was not reached: the other layout would not be either
+                raise
+        except EntryNotFoundError:  # the hub says the original layout is not there
+            pass
+        config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
+        try:
+            index = json.loads(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}").read_text())
+            for name in sorted({n for k, n in index["weight_map"].items() if k.startswith(DECODER_PREFIXES)}):
+                fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
+        except LocalEntryNotFoundError:
+            if not local_only:
+                raise
+            fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
         except EntryNotFoundError:
-            config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
-            try:
-                index = json.loads(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}").read_text())
-                for name in sorted({n for k, n in index["weight_map"].items() if k.startswith(DECODER_PREFIXES)}):
-                    fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
-            except EntryNotFoundError:
-                fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
-            return config.parent
+            fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
+        return config.parent
+
+    try:
+        try:
+            return locate(local_only=True)
+        except (LocalEntryNotFoundError, OfflineModeIsEnabled, EntryNotFoundError):
+            if constants.HF_HUB_OFFLINE or not _hub_reachable(constants.ENDPOINT):
+                raise LocalEntryNotFoundError("offline") from None
+        return locate(local_only=False)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
         raise CheckpointError(
             f"{repo_id}: no such local path, and not in the local Hugging Face cache while "
             "the hub cannot be reached (HF_HUB_OFFLINE set, or no network): check the path, "
             "download the repo once online, or pass a local path"
         ) from None
-    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
+    except (RepositoryNotFoundError, RevisionNotFoundError):
         raise CheckpointError(
-            f"{repo_id}: not found on the Hugging Face hub ({type(error).__name__}): check the "
-            "repo id and revision, or log in for a gated repo"
+            f"{repo_id}: not found on the Hugging Face hub: check the repo id and revision, or log in for a gated repo"
         ) from None
     except EntryNotFoundError:
         raise CheckpointError(
             f"{repo_id}: holds neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ with a video VAE"
         ) from None
+
+
+def _hub_reachable(endpoint: str) -> bool:
+    """One request to the hub, through its client's session (proxies and certificates honoured), without
+    the client's retries: hf_hub_download retries an unreachable host for ~25 s per file."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=10)
+    except Exception:  # any transport error (DNS, refused, timeout, TLS): the hub cannot be reached
+        return False
+    return True

@@ -2,6 +2,7 @@
 
 distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
 distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
+distributed_worker.py cli_same CHECKPOINT ARGS... runs the CLI, the same checkpoint on every rank
 """
 
 import sys
@@ -36,15 +37,15 @@ def decode(checkpoint: str, out_dir: Path) -> None:
     dist.destroy_process_group()
 
 
-def cli(checkpoint: str, args: list[str]) -> int:
+def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
     from minimax_h3_vae.cli import main
 
     rank = int(__import__("os").environ["RANK"])
-    return main([*args, "--model", checkpoint if rank == 0 else checkpoint + ".missing"])
+    return main([*args, "--model", checkpoint if rank == 0 or same else checkpoint + ".missing"])
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "decode":
         decode(sys.argv[2], Path(sys.argv[3]))
     else:
-        sys.exit(cli(sys.argv[2], sys.argv[3:]))
+        sys.exit(cli(sys.argv[2], sys.argv[3:], same=sys.argv[1] == "cli_same"))

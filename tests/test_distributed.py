@@ -130,13 +130,41 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
 
 
 def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
-    """Rank 1 gets a missing checkpoint: both ranks exit 2 with rank 1's error, nothing is written, no hang."""
+    """Rank 1 gets a missing checkpoint: both ranks exit 2 with rank 1's error, printed once (by rank 0),
+    nothing is written, no hang."""
     save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
     out = tmp_path / "out.mp4"
     result = torchrun("cli", TINY, tmp_path / "in.safetensors", out, "--device", "cpu", timeout=120)
     assert result.returncode != 0
-    # Both ranks print the same line; written at the same moment, the two may share a line of stderr.
     message = f"error: {TINY}.missing: no such file or folder"
-    assert result.stderr.count(message) == 2, result.stderr[-2000:]
-    assert result.stderr.count("(rank 1)") == 2, "torchrun itself reports the failed ranks after them"
+    assert result.stderr.count(message) == 1, result.stderr[-2000:]
+    assert result.stderr.count("(rank 1)") == 1
+    assert result.stderr.count("exitcode  : 2") == 2, "torchrun reports both ranks with exit code 2"
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
+
+
+def test_cli_rank_0_only_failure_stops_every_rank(tmp_path):
+    """An output folder that does not take a file concerns rank 0 alone (the writer): every rank still
+    exits 2 with rank 0's one line, printed once, and no rank is left in a collective ("Connection closed
+    by peer")."""
+    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = (
+        os.geteuid() == 0 and not subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)]).returncode
+    )
+    if not mounted:
+        if os.geteuid() == 0:
+            pytest.skip("cannot make a folder read-only for root here")
+        os.chmod(folder, 0o555)
+    try:
+        result = torchrun(
+            "cli_same", TINY, tmp_path / "in.safetensors", folder / "out.mp4", "--device", "cpu", timeout=120
+        )
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "cannot create the output there" in errors[0], result.stderr[-2000:]
+    assert "Connection closed" not in result.stderr  # (torchrun's own report of the failed ranks follows)
+    assert result.stderr.count("exitcode  : 2") == 2, result.stderr[-2000:]

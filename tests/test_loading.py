@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -637,3 +638,77 @@ def test_hub_incomplete_cache(fake_hub, layouts):
     del files["FL2VA/video_vae/source/model.safetensors"]
     add("Org/Partial", files)
     assert "cache" in load_error("Org/Partial")
+
+
+@pytest.fixture
+def hub_unreachable(fake_hub, monkeypatch):
+    """Online mode (HF_HUB_OFFLINE unset) on a machine without network: every DNS lookup and connection
+    fails at once, and is counted."""
+    import socket
+
+    import huggingface_hub.constants
+
+    attempts = []
+
+    def unreachable(*args, **kwargs):
+        attempts.append(args[:1])
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", unreachable)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(socket.socket, "connect", unreachable)
+    return fake_hub, attempts
+
+
+def test_hub_without_network_fails_at_once(hub_unreachable, layouts, capfd):
+    """Not cached, no network: one attempt, one line, in well under a second or two (was ~46 s of
+    retries, and the offline error fell through to the vae/ fallback)."""
+    (add, calls), attempts = hub_unreachable
+    add("Org/Original", original_files(layouts))
+    start = time.monotonic()
+    message = load_error("Org/NotCached")
+    assert time.monotonic() - start < 3
+    assert "not in the local Hugging Face cache" in message and "\n" not in message
+    assert len(attempts) <= 2, attempts
+    assert "Retry" not in capfd.readouterr().err
+
+
+def test_hub_cached_repo_loads_without_network(hub_unreachable, layouts, reference_state):
+    """Cached: the cache answers first, the network is never tried."""
+    (add, calls), attempts = hub_unreachable
+    add("Org/Original", original_files(layouts))
+    add("Org/DiffusersOnly", diffusers_files(layouts))
+    start = time.monotonic()
+    assert loading.load_checkpoint("Org/Original").layout == "original"
+    assert loading.load_checkpoint("Org/DiffusersOnly").layout == "diffusers"
+    assert time.monotonic() - start < 3 and attempts == []
+    assert_same_state(H3VideoDecoder.from_pretrained("Org/Original", device="cpu"), reference_state)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: m["vit_decoder_kwargs"].update(num_layers=10**6), "num_layers 1000000 (the tensors hold 2 blocks)"),
+        (lambda m: m["vit_decoder_kwargs"].update(heads=4), "num_heads x head_dim 256 (the tensors say 128)"),
+        (lambda m: m.update(vae_ratio=8), "patch_size"),
+        (lambda m: m.update(vit_decoder_kwargs=[]), "JSON object"),
+    ],
+)
+def test_config_checked_against_tensor_headers_before_allocating(layouts, tmp_path, monkeypatch, edit, words):
+    from minimax_h3_vae import model as model_module
+
+    monkeypatch.setattr(model_module.ViTDecoder, "__init__", lambda *a: pytest.fail("built the model"))
+    folder = copy_original(layouts, tmp_path)
+    edit_json(folder / "source" / "config.json", edit)
+    assert words in load_error(folder)
+
+
+def test_diffusers_config_checked_against_tensor_headers(layouts, tmp_path):
+    folder = tmp_path / "vae"
+    shutil.copytree(layouts["diffusers"], folder)
+    edit_json(folder / "config.json", lambda c: c.update(decoder_num_layers=10**6))
+    assert "num_layers 1000000" in load_error(folder)
+    edit_json(folder / "config.json", lambda c: c.update(decoder_num_layers=2, decoder_ffn_mult=3))
+    assert "ffn_mult 3 (the tensors say 4)" in load_error(folder)

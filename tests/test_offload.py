@@ -156,3 +156,40 @@ def test_blocks_auto_tile_batch_is_small():
 
 def test_host_memory_reading():
     assert decoding._host_available_bytes() > 0
+
+
+# ---- the command ----------------------------------------------------------------------------------------
+
+
+def test_cli_offload_blocks_writes_the_resident_frames(tmp_path, capsys, one_thread, monkeypatch):
+    """--offload blocks --tile-batch 2 writes exactly the frames of the resident decode with tile batch 2."""
+    from safetensors.torch import load_file, save_file
+
+    from minimax_h3_vae import cli
+
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
+    outputs = {}
+    for offload in ("none", "blocks"):
+        out = tmp_path / f"{offload}.safetensors"
+        args = [tmp_path / "in.safetensors", out, "--model", TINY, "--device", "cpu", "--tile-batch", "2"]
+        assert cli.main([str(a) for a in [*args, "--offload", offload]]) == 0
+        outputs[offload] = load_file(str(out))["video"]
+    assert torch.equal(outputs["none"], outputs["blocks"])
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "lots"])
+def test_cli_rejects_a_bad_memory_cap(tmp_path, capsys, value):
+    from safetensors.torch import save_file
+
+    from minimax_h3_vae import cli
+
+    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
+    args = [tmp_path / "in.safetensors", tmp_path / "o.safetensors", "--model", TINY, "--device", "cpu"]
+    try:  # argparse's own refusals (not a number) exit from inside main, also with 2
+        code = cli.main([str(a) for a in [*args, "--max-gpu-memory", value]])
+    except SystemExit as exit:
+        code = exit.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error:") and "max-gpu-memory" in err
+    assert not (tmp_path / "o.safetensors").exists()

@@ -15,9 +15,10 @@ from minimax_h3_vae import cli as cli_module
 def test_round_trip_through_the_cli_reader(tmp_path, batched):
     z = torch.randn(1, 24, 3, 2, 3, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     path = save_latents(tmp_path / "latents.safetensors", z if batched else z[0], fps=24)
-    latents, fps = cli_module.read_latents(path)
-    assert torch.equal(latents, z.float()) and fps == 24.0
-    assert cli_module.read_latents(save_latents(tmp_path / "no_fps.safetensors", z))[1] is None
+    header = cli_module.read_latents_header(path)
+    assert header.fps == 24.0 and header.shape == tuple(z.shape[1:])
+    assert torch.equal(cli_module.read_latents(header), z.float())
+    assert cli_module.read_latents_header(save_latents(tmp_path / "no_fps.safetensors", z)).fps is None
 
 
 def test_cli_decodes_the_saved_file(tmp_path, no_network, monkeypatch):

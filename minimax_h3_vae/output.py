@@ -1,0 +1,321 @@
+"""The command's output file: checked before any work, written to a temporary file beside it as frames
+arrive, verified, and only then renamed over OUT.
+
+    preflight(OUT)            the folder exists and takes a file, enough free space, the writer is installed
+    open_sink(OUT, ...)       Mp4Sink (frames piped to ffmpeg) or SafetensorsSink (header first, then frames)
+    sink.write(frames)        uint8 (f, H, W, 3) on the CPU, in order
+    sink.commit()             finish, verify (frame count read back, size), keep OUT's permission bits, rename
+    sink.discard()            stop the writer, remove the temporary file; OUT is untouched
+
+The temporary file is `.minimax-h3-decode-XXXXXXXX.part` + OUT's suffix, in OUT's folder: short, so any OUT
+name the filesystem takes works, and named so that one left by a SIGKILL is easy to recognise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+OUTPUT_FORMATS = (".mp4", ".safetensors")
+TEMP_PREFIX = ".minimax-h3-decode-"
+# Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
+FPS_RANGE = (0.01, 1000.0)
+CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+VIDEO_EXTRA = 'pip install "minimax-h3-vae[video]"'
+# The least space an mp4 of F frames can take, as a share of its raw RGB size: for the preflight only, so
+# a full disk is found in a second; a disk that fills up while writing is still caught by the writer.
+MP4_MIN_SHARE = 1 / 50
+
+
+class WriteError(Exception):
+    """Writing the output failed (disk full, ffmpeg failed): the message says where and why; OUT is kept."""
+
+
+def temp_name(output: Path) -> Path:
+    return output.parent / f"{TEMP_PREFIX}{secrets.token_hex(4)}.part{output.suffix.lower()}"
+
+
+def create_temp(output: Path) -> Path:
+    """A new, empty, private temporary file beside `output`."""
+    while True:
+        path = temp_name(output)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            return path
+        except FileExistsError:
+            continue
+
+
+def ffmpeg_exe() -> str:
+    """The ffmpeg binary of imageio-ffmpeg; ValueError naming the install command when it is missing."""
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception:  # ImportError, or an install whose binary is gone (imageio-ffmpeg raises RuntimeError)
+        raise ValueError(f"mp4 output needs imageio-ffmpeg: {VIDEO_EXTRA} (or write a .safetensors file)") from None
+
+
+def raw_bytes(frames: int, height: int, width: int) -> int:
+    return frames * height * width * 3
+
+
+def least_bytes(output: Path, frames: int, height: int, width: int) -> int:
+    """The least free space the output needs: exact for .safetensors, a lower bound for mp4."""
+    raw = raw_bytes(frames, height, width)
+    return raw + 256 if output.suffix.lower() == ".safetensors" else int(raw * MP4_MIN_SHARE)
+
+
+def check_output_name(output: Path) -> None:
+    """ValueError for an output this command cannot write (format, folder), before anything is read."""
+    if output.suffix.lower() not in OUTPUT_FORMATS:
+        raise ValueError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+    if not output.parent.is_dir():
+        raise ValueError(f"{output.parent}: output folder does not exist; create it first")
+    if output.is_dir():
+        raise ValueError(f"{output}: is a folder; give a file name")
+    if output.exists() and not output.is_file():
+        raise ValueError(f"{output}: exists and is not a regular file; give a file name")
+    if output.suffix.lower() == ".mp4":
+        ffmpeg_exe()
+
+
+def probe_folder(output: Path) -> None:
+    """ValueError when OUT's folder does not take a new file: a real create-and-remove, not a permission
+    guess (root, read-only mounts and ACLs all answer here)."""
+    try:
+        os.unlink(create_temp(output))
+    except OSError as error:
+        raise ValueError(
+            f"{output.parent}: cannot create the output there ({error.strerror}); choose a writable folder"
+        ) from None
+
+
+def check_free_space(output: Path, needed: int) -> None:
+    from .limits import format_size
+
+    free = shutil.disk_usage(output.parent).free
+    if free < needed:
+        raise ValueError(
+            f"{output.parent}: {format_size(free)} free, the output needs at least {format_size(needed)}; "
+            "free some space or write elsewhere"
+        )
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _tensor_bytes(frames: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU uint8 tensor, without a copy and without numpy (the caller keeps
+    `frames` alive while the view is used)."""
+    return memoryview((ctypes.c_uint8 * frames.numel()).from_address(frames.data_ptr())).cast("B")
+
+
+class Sink:
+    """A temporary file beside `output` that receives `frames` uint8 frames of (height, width, 3)."""
+
+    def __init__(self, output: Path, frames: int, height: int, width: int):
+        self.output, self.frames, self.height, self.width = output, frames, height, width
+        self.written = 0
+        self.temp = create_temp(output)
+
+    def write(self, frames: torch.Tensor) -> None:
+        """frames: uint8 (f, H, W, 3) on the CPU."""
+        if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != (self.height, self.width, 3):
+            raise ValueError(f"frames must be uint8 (f, {self.height}, {self.width}, 3), got {tuple(frames.shape)}")
+        if self.written + frames.shape[0] > self.frames:
+            raise WriteError(f"{self.output}: more frames than the {self.frames} announced")
+        frames = frames.contiguous()
+        try:
+            self._write(_tensor_bytes(frames))
+        except OSError as error:
+            raise WriteError(self._failed(error)) from None
+        self.written += frames.shape[0]
+
+    def commit(self) -> None:
+        """Finish and verify the temporary file, give it OUT's permission bits (or those of a new file), and
+        rename it over OUT. WriteError, with the temporary file left to `discard`, if anything is wrong."""
+        if self.written != self.frames:
+            raise WriteError(f"{self.output}: {self.written} of {self.frames} frames were written")
+        try:
+            self._finish()
+            with open(self.temp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            try:
+                mode = os.stat(self.output).st_mode & 0o7777
+            except FileNotFoundError:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.chmod(self.temp, mode)
+            os.replace(self.temp, self.output)
+        except OSError as error:
+            raise WriteError(self._failed(error)) from None
+
+    def discard(self) -> None:
+        """Stop writing and remove the temporary file; never raises for an already broken writer."""
+        try:
+            self._abort()
+        finally:
+            self.temp.unlink(missing_ok=True)
+
+    def _failed(self, error: OSError) -> str:
+        return f"{self.output}: writing failed ({error.strerror or error}); the existing file, if any, is unchanged"
+
+    def _write(self, data: memoryview) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
+
+    def _abort(self) -> None:
+        raise NotImplementedError
+
+
+class SafetensorsSink(Sink):
+    """`{"video": uint8 (F, H, W, 3)}` in the safetensors format, byte for byte what `save_file` writes:
+    the header is known from the frame count, so frames go to disk as they arrive (host memory flat in
+    the clip's length)."""
+
+    def __init__(self, output: Path, frames: int, height: int, width: int):
+        super().__init__(output, frames, height, width)
+        size = raw_bytes(frames, height, width)
+        header = json.dumps(
+            {"video": {"dtype": "U8", "shape": [frames, height, width, 3], "data_offsets": [0, size]}},
+            separators=(",", ":"),
+        ).encode()
+        header += b" " * (-len(header) % 8)  # safetensors pads the header to 8 bytes with spaces
+        self.size = 8 + len(header) + size
+        self.handle = None
+        try:
+            self.handle = open(self.temp, "wb")
+            self.handle.write(len(header).to_bytes(8, "little") + header)
+        except OSError as error:
+            self.discard()
+            raise WriteError(self._failed(error)) from None
+
+    def _write(self, data: memoryview) -> None:
+        self.handle.write(data)
+
+    def _finish(self) -> None:
+        self.handle.close()
+        if self.temp.stat().st_size != self.size:
+            raise WriteError(f"{self.output}: wrote {self.temp.stat().st_size} bytes, expected {self.size}")
+        from safetensors import safe_open
+
+        with safe_open(str(self.temp), framework="pt") as handle:
+            shape = handle.get_slice("video").get_shape()
+        if shape != [self.frames, self.height, self.width, 3]:
+            raise WriteError(f"{self.output}: the written header reads back as shape {shape}")
+
+    def _abort(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+class Mp4Sink(Sink):
+    """H.264 in mp4, frames piped to ffmpeg. ffmpeg runs in its own session, so a Ctrl-C in the terminal
+    reaches this process alone and the cleanup decides what happens to ffmpeg. Its exit status is checked
+    and the frame count read back from the finished file before it may replace OUT.
+
+    crf 1-51: libx264, yuv420p (plays everywhere). crf 0: libx264rgb, RGB 4:4:4, lossless (the frames read
+    back are exactly the decoded ones; many players cannot play it).
+    """
+
+    def __init__(
+        self, output: Path, frames: int, height: int, width: int, fps: float, crf: int = 17, preset: str | None = None
+    ):
+        super().__init__(output, frames, height, width)
+        codec, pix_fmt = ("libx264rgb", "rgb24") if crf == 0 else ("libx264", "yuv420p")
+        # The command imageio-ffmpeg's write_frames builds, so the default output is unchanged.
+        command = [ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}"]
+        command += ["-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
+        command += ["-vcodec", codec, "-pix_fmt", pix_fmt, "-v", "error", "-crf", str(crf)]
+        command += ["-preset", preset] if preset else []
+        command += ["-movflags", "+faststart", str(self.temp)]
+        self.log = tempfile.TemporaryFile()
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True
+            )
+        except OSError as error:
+            self.process = None
+            self.discard()
+            raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_EXTRA}") from None
+
+    def _write(self, data: memoryview) -> None:
+        try:
+            self.process.stdin.write(data)
+        except BrokenPipeError:
+            self.process.wait()
+            raise WriteError(self._ffmpeg_failed()) from None
+
+    def _finish(self) -> None:
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        if self.process.wait() != 0:
+            raise WriteError(self._ffmpeg_failed())
+        frames = count_mp4_frames(self.temp)
+        if frames != self.frames:
+            raise WriteError(f"{self.output}: the encoded file reads back {frames} of {self.frames} frames")
+
+    def _ffmpeg_failed(self) -> str:
+        self.log.seek(0)
+        lines = [line.strip() for line in self.log.read().decode(errors="replace").splitlines() if line.strip()]
+        reason = lines[-1] if lines else "no message"
+        return f"{self.output}: ffmpeg failed (exit status {self.process.returncode}: {reason}); nothing was written"
+
+    def _abort(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process is not None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+        self.log.close()
+
+
+def count_mp4_frames(path: Path) -> int | None:
+    """Video frames of a finished mp4, counted from its packets (no decode); None if it cannot be read."""
+    result = subprocess.run(
+        [ffmpeg_exe(), "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null", "-"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    found = re.findall(rb"frame=\s*(\d+)", result.stderr)
+    return int(found[-1]) if result.returncode == 0 and found else None
+
+
+def open_sink(
+    output: Path, frames: int, height: int, width: int, fps: float, crf: int = 17, preset: str | None = None
+) -> Sink:
+    if output.suffix.lower() == ".mp4":
+        return Mp4Sink(output, frames, height, width, fps, crf, preset)
+    return SafetensorsSink(output, frames, height, width)
+
+
+def check_fps(fps: float, where: str) -> None:
+    low, high = FPS_RANGE
+    if not (math.isfinite(fps) and low <= fps <= high):
+        raise ValueError(f"{where} must be a frame rate between {low:g} and {high:g}, got {fps:g}")

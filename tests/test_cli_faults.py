@@ -1,0 +1,531 @@
+"""The command under faults (issue 11): nothing is ever lost. Each test provokes the fault for real where it
+can (ffmpeg refusing a frame rate, a full tmpfs, a read-only mount, real signals to a real process, a
+sparse file declaring huge latents) and checks the exit code, the one stderr line, that no temporary file
+is left and that an existing output is unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import imageio.v3 as iio
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, loading, output, to_uint8_frames
+from minimax_h3_vae import cli as cli_module
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tools" / "decode_latents.py"
+TINY = REPO / "examples" / "tiny_h3_vae"
+EXAMPLE_LATENTS = REPO / "examples" / "latents.safetensors"
+OLD = b"an older output that must survive" * 64
+
+
+@pytest.fixture(autouse=True)
+def offline(no_network, monkeypatch):
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+
+
+def run_cli(capsys, *args) -> tuple[int, str]:
+    capsys.readouterr()
+    args = [str(a) for a in args]
+    if "--device" not in args:
+        args += ["--device", "cpu"]
+    if "--model" not in args:
+        args += ["--model", str(TINY)]
+    code = cli_module.main(args)
+    return code, capsys.readouterr().err
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error:"), err
+    assert sum(line.startswith("error:") for line in lines) == 1, err
+    assert "Traceback" not in err and "Error:" not in lines[-1].replace("error:", "", 1), err
+    return lines[-1]
+
+
+def latents_file(path: Path, z=None, metadata=None) -> Path:
+    z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0)) if z is None else z
+    save_file({"latents": z.contiguous()}, str(path), metadata=metadata)
+    return path
+
+
+def tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if the checkpoint is opened: the check must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(loading, "load_checkpoint", refuse)
+    monkeypatch.setattr(H3VideoDecoder, "from_pretrained", refuse)
+
+
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Fails the test if the decoder is built or any weight is read (headers may be)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the weights were read before the check")
+
+    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(H3VideoDecoder, "from_pretrained", refuse)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str, read_only: bool = False):
+    """A real tmpfs of `size` at `folder` (root only; the test is skipped elsewhere)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# ---- 1. a failed mp4 write never replaces a good output ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fps", ["1e-6", "1e-9", "5000"])
+def test_fps_ffmpeg_cannot_mux_is_refused_up_front(capsys, tmp_path, no_model_load, fps):
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out, "--fps", fps)
+    assert code == 2
+    assert "--fps" in one_error_line(err) and "0.01" in err and "ffmpeg" not in err
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+def test_fps_metadata_ffmpeg_cannot_mux(capsys, tmp_path):
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors", metadata={"fps": "1e-6"}), out)
+    assert code == 2 and "metadata fps" in one_error_line(err)
+    assert out.read_bytes() == OLD
+
+
+def test_ffmpeg_failure_keeps_the_old_output(capsys, tmp_path, monkeypatch):
+    """ffmpeg exits non-zero after it was given every frame (a bad option here: a real ffmpeg failure)."""
+    real_popen = subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+            command = [*command[:-1], "-frames:v", "not-a-number", command[-1]]
+        return real_popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
+    assert code == 1
+    assert "ffmpeg failed (exit status" in one_error_line(err)
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+def test_mp4_whose_frames_do_not_read_back_is_not_committed(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(output, "count_mp4_frames", lambda path: 4)
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
+    assert code == 1 and "reads back 4 of 9 frames" in one_error_line(err)
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+def test_full_disk_keeps_the_old_mp4(capsys, tmp_path):
+    """A real 1 MiB tmpfs holding an old output; the new mp4 (~9 MB of noise) passes the preflight (which
+    only knows a lower bound for mp4) and fills the disk."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        out = disk / "v.mp4"
+        out.write_bytes(OLD)
+        code, err = run_cli(capsys, EXAMPLE_LATENTS, out)
+        assert code == 1
+        line = one_error_line(err)
+        assert "ffmpeg failed" in line or "No space left" in line
+        assert out.read_bytes() == OLD and tree(disk) == {out.name}
+
+
+def test_full_disk_while_streaming_safetensors(capsys, tmp_path, monkeypatch):
+    """ENOSPC from the file's write (simulated: the preflight already refuses what cannot fit)."""
+    real = output.SafetensorsSink._write
+    calls = []
+
+    def write(self, data):
+        calls.append(len(data))
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, data)
+
+    monkeypatch.setattr(output.SafetensorsSink, "_write", write)
+    out = tmp_path / "v.safetensors"
+    out.write_bytes(OLD)
+    z = torch.randn(24, 12, 2, 2, generator=torch.Generator().manual_seed(1))
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors", z), out)
+    assert code == 1 and "No space left on device" in one_error_line(err)
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.safetensors", "z.safetensors"}
+
+
+# ---- 2. OUT is never the input or a checkpoint file ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink", "relative"])
+def test_output_is_the_input(capsys, tmp_path, monkeypatch, how):
+    latents = latents_file(tmp_path / "l.safetensors")
+    before = latents.read_bytes()
+    out = {"same": latents, "symlink": tmp_path / "link.safetensors", "hardlink": tmp_path / "hard.safetensors"}.get(
+        how, Path("l.safetensors")
+    )
+    if how == "symlink":
+        out.symlink_to(latents)
+    if how == "hardlink":
+        os.link(latents, out)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, latents, out)
+    assert code == 2 and "is the input file" in one_error_line(err)
+    assert latents.read_bytes() == before
+
+
+@pytest.mark.parametrize("how", ["weights", "config", "hardlink_elsewhere"])
+def test_output_is_a_checkpoint_file(capsys, tmp_path, how):
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    weights = model / "video_vae" / "source" / "model.safetensors"
+    before = weights.read_bytes()
+    out = {"weights": weights, "config": model / "video_vae" / "source" / "config.mp4"}.get(how)
+    if how == "config":  # a file of the checkpoint folder, whatever its name
+        (model / "video_vae" / "source" / "config.json").rename(out)
+        (model / "video_vae" / "source" / "config.json").symlink_to(out)
+    if how == "hardlink_elsewhere":
+        out = tmp_path / "frames.safetensors"
+        os.link(weights, out)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out, "--model", model)
+    assert code == 2 and "is a file of the checkpoint" in one_error_line(err)
+    assert weights.read_bytes() == before
+
+
+# ---- 3. signals --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_signal_during_decoding(tmp_path, signum, code):
+    """A real process, a real signal once its temporary output exists and frames are being decoded."""
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    os.chmod(out, 0o640)
+    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))  # 9 chunks: several seconds
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not (list(tmp_path.glob(".minimax-h3-decode-*.part.mp4")) and "frames of" in log.read_text()):
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the decode did not start"
+                time.sleep(0.05)
+            process.send_signal(signum)
+            assert process.wait(timeout=60) == code, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines[-1] == f"interrupted by {signal.Signals(signum).name}: nothing was written", lines[-3:]
+    assert "Traceback" not in log.read_text()
+    assert out.read_bytes() == OLD and out.stat().st_mode & 0o777 == 0o640
+    assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
+
+
+def test_temp_name_is_short_and_recognisable(tmp_path):
+    name = output.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
+    assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40
+
+
+# ---- 4, 5. permission bits, long names ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".safetensors"])
+def test_existing_output_keeps_its_permission_bits(capsys, tmp_path, suffix):
+    out = tmp_path / f"v{suffix}"
+    out.write_bytes(OLD)
+    os.chmod(out, 0o600)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
+    assert code == 0, err
+    assert out.read_bytes() != OLD and out.stat().st_mode & 0o7777 == 0o600
+
+
+@pytest.mark.parametrize("length", [250, 255])
+def test_longest_output_names(capsys, tmp_path, length):
+    out = tmp_path / ("v" * (length - 4) + ".mp4")
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
+    assert code == 0, err
+    assert iio.imread(out).shape == (9, 32, 32, 3)
+    assert tree(tmp_path) == {out.name, "z.safetensors"}
+
+
+# ---- 6. .safetensors output streams ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(5, 2, 3, 3), (1, 1, 1, 3), (3, 7, 5, 3)])
+def test_streamed_safetensors_is_byte_for_byte_save_file(tmp_path, shape):
+    frames = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    sink = output.SafetensorsSink(tmp_path / "a.safetensors", *shape[:3])
+    for part in frames.split(2):
+        sink.write(part)
+    sink.commit()
+    save_file({"video": frames}, str(tmp_path / "b.safetensors"))
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_safetensors_frames_reach_the_disk_while_decoding(capsys, tmp_path, monkeypatch):
+    """Before the last chunk is decoded, the earlier frames are already in the file: host memory does not
+    grow with the clip."""
+    real = H3VideoDecoder.decode_stream
+    sizes = []
+
+    def decode_stream(self, z, progress=None):
+        chunks = list(real(self, z, progress))
+        yield from chunks[:-1]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            sizes[:] = [p.stat().st_size for p in tmp_path.glob(".minimax-h3-decode-*")]
+            if sizes and sizes[0] >= 17 * 32 * 32 * 3:  # at least the first chunk's frames
+                break
+            time.sleep(0.02)
+        yield chunks[-1]
+
+    monkeypatch.setattr(H3VideoDecoder, "decode_stream", decode_stream)
+    z = torch.randn(24, 17, 2, 2, generator=torch.Generator().manual_seed(4))
+    out = tmp_path / "v.safetensors"
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors", z), out)
+    assert code == 0, err
+    assert sizes and sizes[0] >= 17 * 32 * 32 * 3, sizes
+    assert load_file(str(out))["video"].shape == (56, 32, 32, 3)
+
+
+# ---- 7-9. limits, before the work ------------------------------------------------------------------------------
+
+
+def test_huge_latents_refused_from_the_header(capsys, tmp_path, monkeypatch):
+    """A sparse file declaring (24, 3, 4000, 4000) float32 (4.6 GB, no disk used): refused from its header
+    with the size and the limit, without reading the data or loading the model."""
+    header = json.dumps({"latents": {"dtype": "F32", "shape": [24, 3, 4000, 4000], "data_offsets": [0, 4608000000]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    path = tmp_path / "huge.safetensors"
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + 4608000000)
+    monkeypatch.setattr(cli_module, "read_latents", lambda *a: pytest.fail("read the latents' data"))
+    monkeypatch.setattr(H3VideoDecoder, "from_pretrained", lambda *a, **k: pytest.fail("loaded the model"))
+    start = time.monotonic()
+    code, err = run_cli(capsys, path, tmp_path / "v.safetensors")
+    assert code == 2 and time.monotonic() - start < 10
+    line = one_error_line(err)
+    assert "(24, 3, 4000, 4000)" in line and "host memory" in line and "TiB" in line and "available" in line
+    assert tree(tmp_path) == {"huge.safetensors"}
+
+
+def test_unwritable_folder_fails_before_the_model_loads(capsys, tmp_path, no_model_load):
+    latents = latents_file(tmp_path / "z.safetensors")
+    if os.geteuid() == 0:
+        context = tmpfs(tmp_path / "ro", "1m", read_only=True)
+    else:
+        (tmp_path / "ro").mkdir()
+        os.chmod(tmp_path / "ro", 0o555)
+        context = contextlib.nullcontext(tmp_path / "ro")
+    with context as folder:
+        start = time.monotonic()
+        code, err = run_cli(capsys, latents, folder / "v.mp4")
+        assert code == 2 and time.monotonic() - start < 5
+        line = one_error_line(err)
+        assert "cannot create the output there" in line and "PermissionError" not in err
+        assert tree(folder) == set()
+
+
+def test_free_space_preflight(capsys, tmp_path, no_weights_read):
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        code, err = run_cli(capsys, EXAMPLE_LATENTS, disk / "v.safetensors")
+        assert code == 2 and "free, the output needs at least 9.1 MiB" in one_error_line(err)
+        assert tree(disk) == set()
+
+
+def edit_config(tmp_path: Path, edit) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    path = model / "video_vae" / "source" / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+    return model
+
+
+def test_absurd_config_is_refused_before_allocating(capsys, tmp_path, monkeypatch):
+    from minimax_h3_vae import model as model_module
+
+    monkeypatch.setattr(model_module.ViTDecoder, "__init__", lambda *a: pytest.fail("built the model"))
+    model = edit_config(tmp_path, lambda c: c["vit_decoder_kwargs"].update(num_layers=10**6))
+    start = time.monotonic()
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", "--model", model)
+    assert code == 2 and time.monotonic() - start < 10
+    assert "num_layers 1000000 (the tensors hold 2 blocks)" in one_error_line(err)
+    with pytest.raises(loading.CheckpointError, match="num_layers 1000000"):
+        H3VideoDecoder.from_pretrained(model, device="cpu")
+
+
+# ---- 10. the error contract ----------------------------------------------------------------------------------
+
+
+def _float8(tmp_path):
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no float8 in this torch")
+    return [latents_file(tmp_path / "z.safetensors", torch.zeros(24, 3, 2, 2).to(torch.float8_e4m3fn))]
+
+
+def _overflow(tmp_path):
+    return [latents_file(tmp_path / "z.safetensors", torch.full((24, 3, 2, 2), 3e38))]
+
+
+def _config(edit):
+    def make(tmp_path):
+        return [latents_file(tmp_path / "z.safetensors"), "--model", edit_config(tmp_path, edit)]
+
+    return make
+
+
+def _wrapper(edit):
+    def make(tmp_path):
+        model = tmp_path / "model"
+        shutil.copytree(TINY, model)
+        path = model / "video_vae" / "config.json"
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        return [latents_file(tmp_path / "z.safetensors"), "--model", model]
+
+    return make
+
+
+def _std_nan(wrapper):
+    wrapper["latents_std"][3] = float("nan")
+    return wrapper
+
+
+def _folder_input(tmp_path):
+    (tmp_path / "dir.safetensors").mkdir()
+    return [tmp_path / "dir.safetensors"]
+
+
+def _fifo_input(tmp_path):
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    return [tmp_path / "fifo.safetensors"]
+
+
+CONTRACT = {
+    "float8_latents": (_float8, "floating point"),
+    "overflow_after_denormalising": (_overflow, "overflow float32 when denormalised"),
+    "nan_in_latents_std": (_wrapper(_std_nan), "latents_std"),
+    "config_is_a_list": (_wrapper(lambda w: [w]), "JSON object"),
+    "vit_kwargs_is_a_list": (_config(lambda c: c.update(vit_decoder_kwargs=[1])), "JSON object"),
+    "num_layers_not_whole": (_config(lambda c: c["vit_decoder_kwargs"].update(num_layers=2.5)), "num_layers"),
+    "heads_negative": (_config(lambda c: c["vit_decoder_kwargs"].update(heads=-2)), "num_heads"),
+    "rope_theta_text": (_config(lambda c: c["vit_decoder_kwargs"].update(rope_theta="big")), "rope_theta"),
+    "latents_mean_number": (_wrapper(lambda w: {**w, "latents_mean": 3}), "latents_mean"),
+    "tile_overlap_too_big": (_wrapper(lambda w: {**w, "vae_tile_overlap_min": 256}), "tile overlap"),
+    "folder_as_input": (_folder_input, "is a folder"),
+    "fifo_as_input": (_fifo_input, "not a regular file"),
+}
+
+
+@pytest.mark.parametrize("name", CONTRACT)
+def test_error_contract(capsys, tmp_path, name):
+    make, words = CONTRACT[name]
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "v.mp4"
+    out.write_bytes(OLD)
+    args = make(tmp_path)
+    code, err = run_cli(capsys, args[0], out, *args[1:])
+    assert code == 2, err
+    line = one_error_line(err)
+    assert words in line, line
+    for python_name in ("AttributeError", "TypeError", "NotImplementedError", "ValueError", "Exception"):
+        assert python_name not in err
+    assert "NaN or Inf" not in line or name == "nan"
+    assert out.read_bytes() == OLD and tree(tmp_path / "out") == {"v.mp4"}
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--preset", "warp"], "--preset"),
+        (["--crf", "fine"], "--crf"),
+        (["--crf", "52"], "--crf"),
+        (["--crf", "-1"], "--crf"),
+        (["--tile-batch", "1.5"], "--tile-batch"),
+    ],
+)
+def test_argument_errors_are_one_line(capsys, tmp_path, flags, words):
+    """argparse's own errors too: one `error:` line (no usage dump), exit code 2."""
+    latents = latents_file(tmp_path / "z.safetensors")
+    try:
+        code, err = run_cli(capsys, latents, tmp_path / "v.mp4", *flags)
+    except SystemExit as exit:
+        code, err = exit.code, capsys.readouterr().err
+    assert code == 2 and words in one_error_line(err) and "usage:" not in err
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_crf_needs_an_mp4(capsys, tmp_path):
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.safetensors", "--crf", "20")
+    assert code == 2 and "not an .mp4" in one_error_line(err)
+
+
+def test_missing_imageio_ffmpeg_is_named_before_the_model_loads(capsys, tmp_path, monkeypatch, no_model_load):
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4")
+    assert code == 2
+    assert 'pip install "minimax-h3-vae[video]"' in one_error_line(err)
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+# ---- crf, preset, lossless -------------------------------------------------------------------------------------
+
+
+def test_crf_0_is_lossless(capsys, tmp_path):
+    z = torch.randn(24, 3, 2, 3, generator=torch.Generator().manual_seed(5))
+    out = tmp_path / "v.mp4"
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors", z), out, "--crf", "0")
+    assert code == 0, err
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu", fused=False)
+    expected = to_uint8_frames(model.decode(denormalize_latents(z[None], model.config)))
+    assert torch.equal(torch.from_numpy(iio.imread(out)), expected)
+
+
+def test_crf_and_preset_reach_the_encoder(capsys, tmp_path):
+    z = latents_file(tmp_path / "z.safetensors", torch.randn(24, 3, 4, 4, generator=torch.Generator().manual_seed(6)))
+    sizes = {}
+    for name, flags in {"default": [], "crf40": ["--crf", "40"], "fast": ["--preset", "ultrafast"]}.items():
+        out = tmp_path / f"{name}.mp4"
+        code, err = run_cli(capsys, z, out, *flags)
+        assert code == 0, err
+        assert iio.imread(out).shape == (9, 64, 64, 3)
+        sizes[name] = out.stat().st_size
+    assert sizes["crf40"] < sizes["default"] and sizes["fast"] != sizes["default"]
