@@ -17,7 +17,6 @@ import ctypes
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -296,15 +295,31 @@ class Mp4Sink(Sink):
 
 
 def count_mp4_frames(path: Path) -> int | None:
-    """Video frames of a finished mp4, counted from its packets (no decode); None if it cannot be read."""
+    """Video frames of a finished mp4, counted from its packets (stream copy, no decode: one framecrc line per
+    packet, whatever ffmpeg prints as progress); None if it cannot be read."""
     result = subprocess.run(
-        [ffmpeg_exe(), "-nostdin", "-i", str(path), "-map", "0:v:0", "-c", "copy", "-f", "null", "-"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        [
+            ffmpeg_exe(),
+            "-nostdin",
+            "-v",
+            "error",
+            "-i",
+            str(path),
+            "-map",
+            "0:v:0",
+            "-c",
+            "copy",
+            "-f",
+            "framecrc",
+            "-",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    found = re.findall(rb"frame=\s*(\d+)", result.stderr)
-    return int(found[-1]) if result.returncode == 0 and found else None
+    if result.returncode:
+        return None
+    return sum(1 for line in result.stdout.splitlines() if line.strip() and not line.startswith(b"#"))
 
 
 def open_sink(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
     message = f"error: {TINY}.missing: no such file or folder"
     assert result.stderr.count(message) == 1, result.stderr[-2000:]
     assert result.stderr.count("(rank 1)") == 1
-    assert result.stderr.count("exitcode  : 2") == 2, "torchrun reports both ranks with exit code 2"
+    assert_ranks_exit_2(result.stderr)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
 
 
@@ -167,4 +168,12 @@ def test_cli_rank_0_only_failure_stops_every_rank(tmp_path):
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "cannot create the output there" in errors[0], result.stderr[-2000:]
     assert "Connection closed" not in result.stderr  # (torchrun's own report of the failed ranks follows)
-    assert result.stderr.count("exitcode  : 2") == 2, result.stderr[-2000:]
+    assert_ranks_exit_2(result.stderr)
+
+
+def assert_ranks_exit_2(stderr: str) -> None:
+    """torchrun's failure report: every rank exited with code 2, except that a rank still exiting when the
+    agent saw the first failure may have been stopped by the agent itself (SIGTERM, -15): a race inside
+    torchrun, not a rank left waiting (which ends in a timeout or "Connection closed by peer")."""
+    codes = re.findall(r"^\s+exitcode\s+: (-?\d+)", stderr, re.M)  # the per-rank lines of its report
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15"}, stderr[-2000:]
