@@ -152,7 +152,7 @@ def main() -> None:
     results["blocks clip"] = stream(streamed, clip)
     streamed.tile_batch = 4
     results["blocks vs resident, one unit, tile batch 4, bitwise"] = bool(
-        torch.equal(streamed.decode(unit), unit_resident)
+        torch.equal(streamed.decode(unit).cpu(), unit_resident)
     )
     del unit_resident
     streamed.tile_batch = None
