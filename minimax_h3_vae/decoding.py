@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
-from . import distributed, tiling
+from . import distributed, limits, tiling
 from .config import H3DecoderConfig
 from .latents import check_latents
 
@@ -33,13 +32,6 @@ Progress = Callable[[int, int], None]
 STREAMED_TILE_BATCH = 4
 
 
-def _tile_bytes(config: H3DecoderConfig, element: int, tokens: int) -> int:
-    """A conservative count of one tile's live activations at the FFN's peak: w1's output and the gate in
-    the compute dtype (`element` bytes), the fp32 residual and its temporaries, and the tile's fp32 pixels."""
-    c = config
-    return tokens * ((4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim + 3 * c.patch_dim * 4)
-
-
 def reserve_bytes(config: H3DecoderConfig, element: int, height: int = 768, width: int = 1344) -> int:
     """Device memory beyond the weights that one temporal window of a `height` x `width` video needs at one
     tile per call: the decoded tiles, the stitched frame and the one before it, one tile's activations.
@@ -50,24 +42,8 @@ def reserve_bytes(config: H3DecoderConfig, element: int, height: int = 768, widt
     tile_h, tile_w = plan.latent_tile_shape
     tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
     pixels = c.out_channels * frames * c.patch_size_t
-    return 4 * pixels * (plan.count * plan.rows.size * plan.cols.size + 2 * height * width) + _tile_bytes(
-        c, element, tokens
-    )
-
-
-def _host_available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (Linux), else the physical pages left, else unbounded."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 2**62
+    buffers = 4 * pixels * (plan.count * plan.rows.size * plan.cols.size + 2 * height * width)
+    return buffers + limits.tile_bytes(c, element, tokens, torch.device("cuda"))
 
 
 def auto_tile_batch(model: H3VideoDecoder, tiles: int, tokens: int, held_bytes: int) -> int:
@@ -88,8 +64,9 @@ def auto_tile_batch(model: H3VideoDecoder, tiles: int, tokens: int, held_bytes: 
         if cap is not None:
             budget = min(budget, cap - model.device_bytes() - held_bytes - state)
     else:
-        budget = _host_available_bytes() // 2 - state
-    batch = max(1, budget // _tile_bytes(c, element, tokens))
+        host = limits.available_host()
+        budget = (host if host is not None else 2**62) // 2 - state
+    batch = max(1, budget // limits.tile_bytes(c, element, tokens, model.device))
     return min(batch, STREAMED_TILE_BATCH) if layer_major else batch
 
 

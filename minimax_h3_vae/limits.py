@@ -56,10 +56,7 @@ def estimate(
     stitched = 2 * c.out_channels * window_frames * height * width * f32
     to_uint8 = 2 * c.out_channels * chunk_frames * height * width * f32
     tokens = chunks.window * tile_h * tile_w + c.num_register_tokens + 1
-    per_token = (4 * c.ffn_dim + 12 * c.dim) * compute_bytes + 12 * c.dim * f32 + 3 * c.patch_dim * f32
-    per_tile = tokens * per_token
-    if device.type == "cpu":  # the math attention materialises every head's (S, S) scores
-        per_tile += c.num_heads * tokens * tokens * f32
+    per_tile = tile_bytes(c, compute_bytes, tokens, device)
     # Without a tile batch, the automatic one adapts to the memory there is (decoding.auto_tile_batch).
     calls = min(tile_batch or 1, tiles.count)
     work = weight_bytes + latents + latent_tiles + decoded_tiles + stitched + to_uint8 + calls * per_tile
@@ -68,6 +65,16 @@ def estimate(
     if device.type == "cpu":
         return Needs(host + work, 0)
     return Needs(host, work)
+
+
+def tile_bytes(config: H3DecoderConfig, compute_bytes: int, tokens: int, device: torch.device) -> int:
+    """A conservative count of one tile's live activations at the FFN's peak: w1's output and the gate in the
+    compute dtype (`compute_bytes` per element), the fp32 residual and its temporaries, the tile's fp32
+    pixels, and on the CPU every head's (S, S) attention scores (the math attention materialises them)."""
+    c = config
+    per_token = (4 * c.ffn_dim + 12 * c.dim) * compute_bytes + 12 * c.dim * 4 + 3 * c.patch_dim * 4
+    scores = c.num_heads * tokens * tokens * 4 if device.type == "cpu" else 0
+    return tokens * per_token + scores
 
 
 def available_host() -> int | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Runtime, decoding
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Runtime, decoding, limits
 from minimax_h3_vae.runtime import GIB, resolve_max_gpu_memory, resolve_offload
 
 TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
@@ -134,12 +134,12 @@ def test_cpu_tile_batch_respects_available_memory(monkeypatch):
     """On the CPU the tiles of a window go in calls that fit in half the available host memory."""
     model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
     z = latents(frames=3)
-    per_tile = decoding._tile_bytes(model.config, 4, 7 * 16 * 16 + 5)
-    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 2**40)
+    per_tile = limits.tile_bytes(model.config, 4, 7 * 16 * 16 + 5, model.device)
+    monkeypatch.setattr(limits, "available_host", lambda: 2**40)
     assert call_sizes(model, z) == [6], "plenty of memory: the whole window in one call"
-    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 2 * (2 * per_tile + per_tile // 2))
+    monkeypatch.setattr(limits, "available_host", lambda: 2 * (2 * per_tile + per_tile // 2))
     assert call_sizes(model, z) == [2, 2, 2]
-    monkeypatch.setattr(decoding, "_host_available_bytes", lambda: 1000)
+    monkeypatch.setattr(limits, "available_host", lambda: 1000)
     assert call_sizes(model, z) == [1] * 6, "never less than one tile"
 
 
@@ -155,7 +155,7 @@ def test_blocks_auto_tile_batch_is_small():
 
 
 def test_host_memory_reading():
-    assert decoding._host_available_bytes() > 0
+    assert limits.available_host() > 0
 
 
 # ---- the command ----------------------------------------------------------------------------------------
