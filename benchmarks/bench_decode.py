@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     ours_from,
     random_latents,
     random_released_vae,
+    run_info,
     timed,
 )
 from gpu_clocks import ClockSampler  # noqa: E402
@@ -92,19 +93,7 @@ def main() -> None:
     parser.add_argument("--write-checkpoint", help="also write the random weights as a ComfyUI fp16 file here")
     args = parser.parse_args()
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    import triton
-
-    info = {
-        "commit": args.commit,
-        "card": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "shape": list(UNIT_SHAPE),
-        "results": {},
-    }
-    print(f"{info['card']}  torch {info['torch']}  triton {info['triton']}  commit {args.commit}", flush=True)
+    info = run_info(args.commit, shape=list(UNIT_SHAPE))
 
     vae = random_released_vae(seed=0)
     z = random_latents(UNIT_SHAPE, seed=1)

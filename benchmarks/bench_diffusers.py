@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_vae, timed  # noqa: E402
+from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_vae, run_info, timed  # noqa: E402
 
 from minimax_h3_vae.diffusers import swap_decoder  # noqa: E402
 
@@ -64,18 +64,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--short", action="store_true", help="clip: stock bf16 and swapped fp32-loaded only")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     import diffusers
 
-    info = {
-        "commit": args.commit,
-        "card": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "results": {},
-    }
-    print(f"{info['card']}  torch {info['torch']}  diffusers {info['diffusers']}  commit {args.commit}", flush=True)
+    info = run_info(args.commit, diffusers=diffusers.__version__)
 
     fp32 = random_released_vae(seed=0)
     bf16 = as_pipeline_loads(random_released_vae(seed=0), torch.bfloat16)

@@ -77,6 +77,24 @@ def random_latents(shape, seed: int, device="cuda") -> torch.Tensor:
     return torch.randn(shape, device=device, generator=torch.Generator(device).manual_seed(seed)) * std + mean
 
 
+def run_info(commit: str, **extra) -> dict:
+    """The header of a benchmark run (card, versions, commit), printed once; turns TF32 off, so that float32
+    references are true float32."""
+    import triton
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    info = {
+        "commit": commit,
+        "card": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        **extra,
+    }
+    print("  ".join(f"{key} {value}" for key, value in info.items()), flush=True)
+    return {**info, "results": {}}
+
+
 @dataclass
 class Timing:
     ms: float  # median over the repeats

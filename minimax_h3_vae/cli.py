@@ -421,8 +421,8 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     except ValueError as error:
         raise InputError(f"{args.input}: {error}") from None
     try:
-        decoder = H3VideoDecoder.from_pretrained(
-            args.model,
+        decoder = H3VideoDecoder.from_checkpoint(  # the checkpoint located and checked above, not opened again
+            checkpoint,
             device=device,
             dtype=dtype,
             fused=fused,

@@ -23,6 +23,7 @@ from .offload import BlockStreamer
 from .rope import RotaryTable, rotary_table, token_positions
 from .runtime import (
     Runtime,
+    check_offload_choice,
     resolve_device,
     resolve_dtype,
     resolve_fused,
@@ -168,7 +169,7 @@ class H3VideoDecoder(nn.Module):
         dtype = resolve_dtype(dtype, device)
         fused = resolve_fused(fused, device)
         Runtime(fused=fused, tile_batch=tile_batch, max_gpu_memory=resolve_max_gpu_memory(max_gpu_memory))
-        resolve_offload(offload, torch.device("cpu"), 0, 0, None)  # the name only; the choice needs the sizes
+        check_offload_choice(offload)  # the choice itself needs the checkpoint's sizes
         checkpoint = load_checkpoint(source, revision=revision)
         return cls.from_checkpoint(
             checkpoint,

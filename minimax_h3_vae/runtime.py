@@ -162,14 +162,19 @@ def resolve_max_gpu_memory(gib: float | None) -> int | None:
     return int(gib * GIB)
 
 
+def check_offload_choice(offload) -> None:
+    """What users may ask for: a mode of OFFLOAD_MODES, or "auto"."""
+    if offload not in ("auto", *OFFLOAD_MODES):
+        raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {offload!r}")
+
+
 def resolve_offload(
     offload: str, device: torch.device, resident_bytes: int, reserve_bytes: int, max_gpu_memory: int | None
 ) -> str:
     """ "none" / "blocks" as asked, or for "auto": resident when the weights plus a working reserve (one chunk
     of a 1344x768 decode at one tile per call) fit in `max_gpu_memory`, else in the free GPU memory; else
     "blocks". On the CPU, "auto" is "none"."""
-    if offload not in ("auto", *OFFLOAD_MODES):
-        raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {offload!r}")
+    check_offload_choice(offload)
     if offload != "auto":
         return offload
     if device.type != "cuda":
