@@ -196,32 +196,69 @@ def read_latents(source: LatentsFile):
 
 
 class BackgroundWriter:
-    """Feeds a sink from a thread, so encoding a chunk overlaps decoding the next one on the GPU.
+    """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
 
-    At most `depth` chunks wait in the queue, which bounds host memory. An error in the writer is raised
-    in the caller at its next `put` or at `close`.
+    `put(frames)` takes one chunk's uint8 frames (f, H, W, 3) on the CPU or a CUDA device. CUDA frames are
+    copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
+    of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
+    host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
+    host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
+    `put` or at `close`.
     """
 
     def __init__(self, sink: output.Sink, depth: int = 2):
         self.sink = sink
         self.queue = queue.Queue(maxsize=depth)
+        self.idle = queue.Queue()  # pinned buffers the thread has written out
+        self.buffers, self.most_buffers = 0, depth + 2
+        self.last_copy = None  # the event of the latest chunk's copy to the host
         self.error: BaseException | None = None
         self.cancelled = False
+        self.first_written: float | None = None  # time.perf_counter() when the first chunk was written
         self.thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while (frames := self.queue.get()) is not None:
+        while (item := self.queue.get()) is not None:
+            frames, copied, buffer = item
             if self.error is None and not self.cancelled:
                 try:
+                    if copied is not None:
+                        copied.synchronize()
                     self.sink.write(frames)
+                    self.first_written = self.first_written or time.perf_counter()
                 except BaseException as error:  # handed to the caller; keep draining so it never blocks
                     self.error = error
+            if buffer is not None:
+                self.idle.put(buffer)
 
     def put(self, frames) -> None:
+        import torch
+
         if self.error is not None:
             raise self.error
-        self.queue.put(frames)
+        buffer = copied = None
+        if frames.is_cuda:
+            buffer = self._buffer(frames.numel())
+            host = buffer[: frames.numel()].view(frames.shape)
+            host.copy_(frames, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(frames.device))
+            earlier, self.last_copy, frames = self.last_copy, copied, host
+            if earlier is not None:
+                earlier.synchronize()
+        self.queue.put((frames, copied, buffer))
+
+    def _buffer(self, size: int):
+        """A pinned uint8 buffer of at least `size` bytes: one the thread is done with, or a new one while
+        there are fewer than `most_buffers`."""
+        import torch
+
+        if self.buffers < self.most_buffers and self.idle.empty():
+            self.buffers += 1
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        buffer = self.idle.get()
+        return buffer if buffer.numel() >= size else torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
     def close(self) -> None:
         """Wait for every queued chunk to be written; raise the writer's error, if any."""
@@ -468,13 +505,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
                 bar.total = total
                 bar.update(done - bar.n)
 
-            first_chunk = None
             for chunk in decoder.decode_stream(z.to(device), progress):
-                # The first window carries one-time costs (Triton compiles or loads its kernels, cuDNN plans).
-                first_chunk = first_chunk or time.perf_counter() - start
                 error = None
                 try:
-                    writer.put(to_uint8_frames(chunk).cpu())
+                    writer.put(to_uint8_frames(chunk))
                 except Exception as failure:
                     error = failure
                 agree(error, ranks)
@@ -491,6 +525,8 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         sink.discard()
         raise
     seconds = time.perf_counter() - start
+    # The first chunk carries the one-time costs left after loading (Triton compiles new kernels, shape plans).
+    first_chunk = writer.first_written - start
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
@@ -563,5 +599,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> None:
+    """The `minimax-h3-decode` command: `main`, then a quick exit.
+
+    By the time `main` returns, the run has closed, flushed and removed everything it made (the output is
+    renamed or discarded, ffmpeg and the writer have finished, the process group is gone). Skipping the
+    interpreter's teardown (the CUDA context, thousands of torch objects) saves about half a second per
+    run on an H200 (benchmarks/RESULTS.md, run 11). `main` stays a plain function for callers in Python.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

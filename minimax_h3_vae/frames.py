@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # ImageNet statistics: the decoder's output space is `(rgb - mean) / std` with rgb in [0, 1].
@@ -18,12 +20,22 @@ def _check_video(video: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} takes floating-point decoder output, got {video.dtype}")
 
 
+@functools.cache
+def _imagenet(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(std, mean) as float32 (3, 1, 1, 1) on `device`, made once: building them from Python lists is a
+    host-to-device copy that waits for all the work queued on the GPU, which would stall a stream of chunks.
+    Ordinary tensors even when first asked for under inference mode, so that autograd may save them."""
+    with torch.inference_mode(False):
+        std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=device).view(3, 1, 1, 1)
+        mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=device).view(3, 1, 1, 1)
+    return std, mean
+
+
 def to_unit_rgb(video: torch.Tensor) -> torch.Tensor:
     """Decoder output (B, 3, F, H, W) or (3, F, H, W), ImageNet-normalised -> RGB in [0, 1], same layout,
     float32. Other layouts are a ValueError."""
     _check_video(video, "to_unit_rgb")
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=video.device).view(3, 1, 1, 1)
+    std, mean = _imagenet(video.device)
     return (video.float() * std + mean).clamp_(0.0, 1.0)
 
 

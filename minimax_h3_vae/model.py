@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -213,6 +214,7 @@ class H3VideoDecoder(nn.Module):
         linear_home = torch.device("cpu") if streamed else device
         pin = streamed and device.type == "cuda"
         host_keys = {key for key in expected if _is_block_linear(key)} if streamed else set()
+        set_up = _LibrarySetUp(model.config, device, linear_dtype, model.runtime) if device.type == "cuda" else None
         state_dict = {}
         for key, tensor in checkpoint.tensors(expected, device, host_keys):
             if _is_block_linear(key):
@@ -220,7 +222,10 @@ class H3VideoDecoder(nn.Module):
                 state_dict[key] = tensor.pin_memory() if pin and not tensor.is_pinned() else tensor
             else:
                 state_dict[key] = tensor.to(device=device, dtype=torch.float32)
+        ops = set_up.join() if set_up is not None else None  # (after a failed load it just ends by itself)
         model.load_state_dict(state_dict, strict=True, assign=True)
+        if ops is not None:
+            model._ops = ((model.runtime.fused, model.device, model.compute_dtype), ops)
         return model.eval().requires_grad_(False)
 
     def to_release_fp16(self) -> H3VideoDecoder:
@@ -336,6 +341,52 @@ class H3VideoDecoder(nn.Module):
         the same latents; each gets the whole video, or None on ranks other than `output_rank` when set."""
         chunks = list(self.decode_stream(z, progress))
         return None if chunks[0] is None else torch.cat(chunks, dim=2)
+
+
+class _LibrarySetUp:
+    """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
+    load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
+    0.5 s on an H200), and cuBLAS, cuDNN and the attention backends each get one small call (about 0.3 s of
+    library loading and handles). Everything runs on two zero tokens; nothing here touches the model.
+
+    `join()` returns the selected ops (the model keeps them, so they are selected once), or None when the
+    set-up failed: it is only a head start, and the first decode then meets any real problem itself.
+    """
+
+    def __init__(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime):
+        self.ops: SimpleNamespace | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(config, device, dtype, runtime), name="library-set-up", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime) -> None:
+        c = config
+        try:
+            with torch.cuda.device(device), torch.inference_mode():
+                if runtime.fused:
+                    from . import fused
+
+                    ops = fused.select_ops(c, device, dtype)
+                    fused.warm_up(ops, c, device, dtype)
+                else:
+                    ops = EAGER_OPS
+                tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)
+                F.linear(tokens, torch.zeros(c.dim, c.dim, device=device, dtype=dtype))
+                channels = c.latent_channels
+                kernel = torch.zeros(channels, channels, 1, 1, 1, device=device)
+                F.conv3d(torch.zeros(1, channels, 1, 2, 2, device=device), kernel)
+                with _attention_backends(runtime.attention_backends):
+                    q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
+                    F.scaled_dot_product_attention(q, q, q)
+                torch.cuda.synchronize(device)
+            self.ops = ops
+        except Exception:  # only a head start: the first decode meets the same problem and reports it
+            pass
+
+    def join(self) -> SimpleNamespace | None:
+        self.thread.join()
+        return self.ops
 
 
 def _attention_backends(names: tuple[str, ...]):

@@ -137,7 +137,7 @@ def test_console_script_is_installed_and_runs(tmp_path):
     except PackageNotFoundError:
         pytest.skip("the package is imported from a source tree, not installed: no console script")
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.cli:main"
+    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.cli:console_main"
     command = shutil.which("minimax-h3-decode", path=str(Path(sys.executable).parent))
     assert command, "the console script is not beside this Python"
     result = subprocess.run([command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -548,3 +548,55 @@ def test_bad_fused_setting_is_bad_input(cli, capsys, tmp_path, monkeypatch):
     assert code == 2
     assert_one_error_line(err)
     assert "MINIMAX_H3_VAE_FUSED" in err and tree(tmp_path) == {"in.safetensors"}
+
+
+class RecordingSink:
+    """Stands in for an output file: keeps a copy of every chunk it is given (and the buffer it came in)."""
+
+    def __init__(self):
+        self.chunks, self.pointers, self.pinned = [], set(), []
+
+    def write(self, frames: torch.Tensor) -> None:
+        self.chunks.append(frames.clone())
+        self.pointers.add(frames.untyped_storage().data_ptr())
+        self.pinned.append(frames.is_pinned())
+
+
+def test_writer_takes_host_frames_in_order():
+    sink = RecordingSink()
+    writer = cli_module.BackgroundWriter(sink)
+    chunks = [torch.randint(0, 256, (3, 4, 5, 3), dtype=torch.uint8) for _ in range(6)]
+    for chunk in chunks:
+        writer.put(chunk)
+    writer.close()
+    assert all(torch.equal(got, want) for got, want in zip(sink.chunks, chunks, strict=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_writer_copies_cuda_frames_through_a_few_pinned_buffers():
+    """CUDA chunks arrive in order and intact, through pinned buffers that are reused (depth + 2 at most)."""
+    sink = RecordingSink()
+    writer = cli_module.BackgroundWriter(sink, depth=2)
+    chunks = [torch.randint(0, 256, (f, 64, 96, 3), dtype=torch.uint8, device="cuda") for f in (17, 17, 5) * 4]
+    for chunk in chunks:
+        writer.put(chunk)
+    writer.close()
+    assert len(sink.chunks) == len(chunks)
+    assert all(torch.equal(got, want.cpu()) for got, want in zip(sink.chunks, chunks, strict=True))
+    assert all(sink.pinned) and len(sink.pointers) <= 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_writer_does_not_wait_for_the_chunk_it_is_given():
+    """`put` queues the copy of its chunk and waits only for the chunk before: with a second of GPU work
+    queued ahead of the new chunk, it returns at once, and the copy is still pending."""
+    sink = RecordingSink()
+    writer = cli_module.BackgroundWriter(sink)
+    first = torch.full((2, 8, 8, 3), 7, dtype=torch.uint8, device="cuda")
+    writer.put(first)
+    torch.cuda._sleep(int(2e9))  # about a second of GPU time at H200 clocks, queued before the next chunk
+    second = torch.full((2, 8, 8, 3), 9, dtype=torch.uint8, device="cuda")
+    writer.put(second)
+    assert not writer.last_copy.query(), "put waited for its own chunk's copy"
+    writer.close()
+    assert [int(chunk[0, 0, 0, 0]) for chunk in sink.chunks] == [7, 9]

@@ -79,12 +79,13 @@ def test_fused_without_triton_is_a_clear_error(layouts, monkeypatch):
 
 
 def test_fused_choice_is_made_once_per_model(layouts, latents, monkeypatch):
-    """The ops are chosen when the model first decodes and reused; the kernels' own contract checks run
-    per launch, but the choice is not redone per call."""
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device=DEVICE, dtype="fp32", fused=True)
+    """The ops are chosen once per model (on CUDA while the weights load, on the CPU at the first decode) and
+    reused; the kernels' own contract checks run per launch, but the choice is not redone per call."""
     calls = []
     select = fused.select_ops
     monkeypatch.setattr(fused, "select_ops", lambda *a: calls.append(a) or select(*a))
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device=DEVICE, dtype="fp32", fused=True)
+    assert len(calls) == (1 if DEVICE == "cuda" else 0)
     decoder.decode(latents[:, :, :3])
     decoder.decode(latents[:, :, :3])
     assert len(calls) == 1
@@ -93,6 +94,45 @@ def test_fused_choice_is_made_once_per_model(layouts, latents, monkeypatch):
     decoder.runtime.fused = True
     decoder.decode(latents[:, :, :3])
     assert len(calls) == 2
+
+
+def test_no_library_set_up_on_the_cpu(layouts):
+    """The load's set-up thread is for CUDA only: on the CPU loading launches no kernel."""
+    before = fused.launch_counts()
+    H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", dtype="fp32", fused=True)
+    assert fused.launch_counts() == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
+    """On CUDA each fused kernel is launched once while the weights load (Triton's one-time set-up moves
+    off the first decode), the model keeps the ops selected there, and the output is the same as from a
+    model whose set-up came with its first decode."""
+    before = fused.launch_counts()
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True)
+    after = fused.launch_counts()
+    assert {name: after[name] - before[name] for name in after} == dict.fromkeys(after, 1)
+    ops = decoder.ops()
+    assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in vars(EAGER_OPS))
+    late = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True)
+    late._ops = None  # selected again at its first decode, as before the set-up thread existed
+    assert torch.equal(decoder.decode(latents), late.decode(latents))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_failed_library_set_up_only_loses_the_head_start(layouts, latents, monkeypatch):
+    """A set-up that raises leaves the load alone: the ops are chosen at the first decode instead, and the
+    output is unchanged."""
+    reference = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", fused=True)
+
+    def broken(*args):
+        raise RuntimeError("no head start today")
+
+    monkeypatch.setattr(fused, "warm_up", broken)
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", fused=True)
+    assert decoder._ops is None
+    assert torch.equal(decoder.decode(latents), reference.decode(latents))
 
 
 def test_kernels_that_cannot_run_warn_once_and_run_eagerly(monkeypatch):

@@ -21,7 +21,7 @@ from .. import blocks
 from ..config import H3DecoderConfig
 from ._common import LAUNCHES, device_problem
 
-__all__ = ["launch_counts", "select_ops"]
+__all__ = ["launch_counts", "select_ops", "warm_up"]
 
 # op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
 KERNELS = {
@@ -40,32 +40,40 @@ def launch_counts() -> dict[str, int]:
 
 
 def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> dict[str, tuple]:
-    """Arguments shaped and laid out as the decoder passes them to each op (two tokens of one tile)."""
+    """Arguments shaped and laid out as the decoder passes them to each op (two tokens of one tile), zeros."""
     c = config
 
-    def empty(*shape, dtype=torch.float32):
-        return torch.empty(*shape, dtype=dtype, device=device)
+    def zeros(*shape, dtype=torch.float32):
+        return torch.zeros(*shape, dtype=dtype, device=device)
 
     return {
-        "rms_norm": (empty(1, 2, c.dim), empty(c.dim), c.norm_eps, dtype),
+        "rms_norm": (zeros(1, 2, c.dim), zeros(c.dim), c.norm_eps, dtype),
         "scale_add_rms_norm": (
-            empty(1, 2, c.dim),
-            empty(1, 2, c.dim, dtype=dtype),
-            empty(c.dim),
-            empty(c.dim),
+            zeros(1, 2, c.dim),
+            zeros(1, 2, c.dim, dtype=dtype),
+            zeros(c.dim),
+            zeros(c.dim),
             c.norm_eps,
             dtype,
         ),
         "qk_rms_norm_rope": (
-            empty(1, 2, 3 * c.dim, dtype=dtype),
-            empty(2, c.rope_dim),
-            empty(2, c.rope_dim),
+            zeros(1, 2, 3 * c.dim, dtype=dtype),
+            zeros(2, c.rope_dim),
+            zeros(2, c.rope_dim),
             c.num_heads,
             c.norm_eps,
         ),
-        "silu_mul": (empty(1, 2, 2 * c.ffn_dim, dtype=dtype),),
-        "linear_fp32": (empty(1, 2, c.dim), empty(c.patch_dim, c.dim), empty(c.patch_dim)),
+        "silu_mul": (zeros(1, 2, 2 * c.ffn_dim, dtype=dtype),),
+        "linear_fp32": (zeros(1, 2, c.dim), zeros(c.patch_dim, c.dim), zeros(c.patch_dim)),
     }
+
+
+def warm_up(ops: SimpleNamespace, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Call each of `ops` once on two zero tokens laid out as the decoder passes them. A process's first
+    Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about 0.5 s on
+    an H200); done here, in a thread beside the weight load, it is off the first decode's path."""
+    for name, args in _model_calls(config, torch.device(device), dtype).items():
+        getattr(ops, name)(*args)
 
 
 def select_ops(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
