@@ -12,7 +12,8 @@ ComfyUI fp16 file (4.85 GB) and reads it back from the page cache for every load
 - one unit, resident vs blocks at the same tile batch: bitwise equal;
 - a 512x512 clip (few tiles per window: transfer-bound): blocks / resident;
 - the CLI, same clip, to .safetensors and .mp4: wall time from process start to exit (twice: the first run
-  may compile Triton kernels), against load + streamed decode measured here.
+  may compile Triton kernels), against load + streamed decode measured here; and what starting Python and
+  importing torch cost by themselves (any command pays it), median of 3.
 Prints a table last; JSON to $OUT/offload.json when OUT is set.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -179,9 +181,14 @@ def main() -> None:
     from safetensors.torch import save_file
 
     save_file({"latents": clip[0].cpu().contiguous()}, str(args.work / "clip.safetensors"))
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, minimax_h3_vae.cli; torch.cuda.init()"], check=True)
-    results["process start + imports + CUDA init s"] = round(time.perf_counter() - start, 2)
+    starts = {"python + import torch s": "import torch", "+ CUDA init s": "import torch; torch.cuda.init()"}
+    for name, code in starts.items():
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            runs.append(time.perf_counter() - start)
+        results[name] = round(statistics.median(runs), 2)
     for suffix in ("safetensors", "mp4"):
         for attempt in (1, 2):
             results[f"cli {suffix} wall s (run {attempt})"] = round(
@@ -221,6 +228,11 @@ def main() -> None:
     inside = results["load resident again s"] + base["seconds"]
     for key in [k for k in results if k.startswith("cli")]:
         print(f"{key}: {results[key]} (x{results[key] / inside:.2f} of load + streamed decode {inside:.2f} s)")
+    floor = results["python + import torch s"] + inside
+    print(
+        f"python + import torch {results['python + import torch s']} s, with CUDA init {results['+ CUDA init s']} s; "
+        f"any command's floor, import + load + decode: {floor:.2f} s (x{floor / inside:.2f})"
+    )
 
 
 if __name__ == "__main__":
