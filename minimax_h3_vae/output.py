@@ -190,7 +190,13 @@ class Sink:
 class SafetensorsSink(Sink):
     """`{"video": uint8 (F, H, W, 3)}` in the safetensors format, byte for byte what `save_file` writes:
     the header is known from the frame count, so frames go to disk as they arrive (host memory flat in
-    the clip's length)."""
+    the clip's length).
+
+    Each chunk is synced to disk as it is written (in the writer thread, beside the decode), so the fsync
+    before the rename has almost nothing left to do. The temporary file is opened without truncating it:
+    on ext4 a truncated file is flushed whole when it is closed, which cost 0.3 s per 750 MB on the H200's
+    disk at the end of the run.
+    """
 
     def __init__(self, output: Path, frames: int, height: int, width: int):
         super().__init__(output, frames, height, width)
@@ -203,7 +209,7 @@ class SafetensorsSink(Sink):
         self.size = 8 + len(header) + size
         self.handle = None
         try:
-            self.handle = open(self.temp, "wb")
+            self.handle = open(self.temp, "r+b")  # created empty by Sink; see above for why not "wb"
             self.handle.write(len(header).to_bytes(8, "little") + header)
         except OSError as error:
             self.discard()
@@ -211,6 +217,8 @@ class SafetensorsSink(Sink):
 
     def _write(self, data: memoryview) -> None:
         self.handle.write(data)
+        self.handle.flush()
+        os.fdatasync(self.handle.fileno())
 
     def _finish(self) -> None:
         self.handle.close()

@@ -298,6 +298,31 @@ def test_streamed_safetensors_is_byte_for_byte_save_file(tmp_path, shape):
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
 
 
+def test_safetensors_chunks_are_synced_as_they_are_written(tmp_path, monkeypatch):
+    """Every chunk is on disk (fdatasync) before the next one is taken, so the fsync before the rename has
+    little left; the file is still byte for byte save_file's."""
+    synced = []
+    sizes = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        real(fd)
+        synced.append(fd)
+        sizes.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(output.os, "fdatasync", fdatasync)
+    frames = torch.randint(0, 256, (7, 4, 6, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    sink = output.SafetensorsSink(tmp_path / "a.safetensors", 7, 4, 6)
+    for part in frames.split(3):
+        sink.write(part)
+    assert len(synced) == 3
+    header = sizes[-1] - frames.numel()
+    assert sizes == [header + 3 * 72, header + 6 * 72, header + 7 * 72]
+    sink.commit()
+    save_file({"video": frames}, str(tmp_path / "b.safetensors"))
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
 def test_safetensors_frames_reach_the_disk_while_decoding(capsys, tmp_path, monkeypatch):
     """Before the last chunk is decoded, the earlier frames are already in the file: host memory does not
     grow with the clip."""
