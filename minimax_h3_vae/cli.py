@@ -210,7 +210,7 @@ class BackgroundWriter:
         self.sink = sink
         self.queue = queue.Queue(maxsize=depth)
         self.idle = queue.Queue()  # pinned buffers the thread has written out
-        self.buffers, self.most_buffers = 0, depth + 2
+        self.buffers, self.most_buffers, self.largest = 0, depth + 2, 0
         self.last_copy = None  # the event of the latest chunk's copy to the host
         self.error: BaseException | None = None
         self.cancelled = False
@@ -251,14 +251,16 @@ class BackgroundWriter:
 
     def _buffer(self, size: int):
         """A pinned uint8 buffer of at least `size` bytes: one the thread is done with, or a new one while
-        there are fewer than `most_buffers`."""
+        there are fewer than `most_buffers`. New buffers take the largest chunk seen so far, so that a short
+        chunk (a clip's last) never leaves a buffer too small for the next."""
         import torch
 
+        self.largest = max(self.largest, size)
         if self.buffers < self.most_buffers and self.idle.empty():
             self.buffers += 1
-            return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            return torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
         buffer = self.idle.get()
-        return buffer if buffer.numel() >= size else torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return buffer if buffer.numel() >= size else torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
 
     def close(self) -> None:
         """Wait for every queued chunk to be written; raise the writer's error, if any."""
