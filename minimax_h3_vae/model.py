@@ -195,7 +195,8 @@ class H3VideoDecoder(nn.Module):
         max_gpu_memory: float | None = None,
     ) -> H3VideoDecoder:
         """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
-        memory, `loading.checkpoint_in_memory`); the arguments are those of `from_pretrained`."""
+        memory, `loading.checkpoint_in_memory`); the arguments are those of `from_pretrained`. On CUDA the
+        libraries' one-time set-up runs in a thread while the weights load (`_LibrarySetUp`)."""
         device = resolve_device(device)
         linear_dtype = resolve_dtype(dtype, device)
         cap = resolve_max_gpu_memory(max_gpu_memory)
