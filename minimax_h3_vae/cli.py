@@ -1,7 +1,8 @@
 """Decode MiniMax-H3 video latents to an mp4 (or to uint8 frames in a .safetensors file).
 
-    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--device cpu|cuda] [--dtype fp32|fp16]
-        [--fps 24] [--crf 17] [--preset NAME] [--raw-latents] [--eager] [--tile-batch N] [--verbose]
+    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--revision REV] [--device cpu|cuda]
+        [--dtype fp32|fp16] [--fps 24] [--crf 17] [--preset NAME] [--raw-latents] [--eager] [--tile-batch N]
+        [--offload auto|none|blocks] [--max-gpu-memory GIB] [--verbose]
 
 IN holds the latents under the key `latents` (or as its only tensor), shaped (24, T, h, w) or
 (1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Frames are
@@ -70,6 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--model",
         default="MiniMaxAI/MiniMax-H3",
         help="hub repo id, repo root, video_vae/ or vae/ folder, or single .safetensors file",
+    )
+    parser.add_argument(
+        "--revision",
+        help="hub branch, tag or commit of --model (default: the cached main, else the hub's); a branch or tag "
+        "asks the hub for its newest commit",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), help="default: fp16 (release recipe) on cuda, else fp32")
@@ -426,7 +432,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     if rank == 0:
         print(f"loading {args.model} onto {device} ...", file=sys.stderr, flush=True)
     try:
-        checkpoint = load_checkpoint(args.model)
+        checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
         raise InputError(str(error)) from None
     if any(output.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):

@@ -170,6 +170,8 @@ def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | No
     """Locate a checkpoint (local path or hub repo id) and read its config and tensor headers."""
     path = Path(os.fspath(source)).expanduser()
     if path.exists():
+        if revision is not None:
+            raise CheckpointError(f"{source}: is a local path; a revision ({revision!r}) applies to hub repo ids only")
         return _open_local(path, str(source))
     if _looks_like_repo_id(str(source)):
         return _open_local(_download(str(source), revision), str(source))
@@ -347,9 +349,12 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
 def _download(repo_id: str, revision: str | None) -> Path:
     """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache.
 
-    The local cache is looked at first, with no network at all: a repo cached once loads offline at once.
-    Otherwise the hub is asked once; a hub that cannot be reached is an error at the first file (no
-    fallback to the other layout, which would only retry the same unreachable host).
+    With no revision, or a commit hash, the local cache is looked at first, with no network at all: a repo
+    cached once loads offline at once (without a revision: the commit cached as `main`). A branch or tag
+    name asks the hub for its newest commit first, and falls back to the cache only when the hub cannot be
+    reached; `revision="main"` is how a cached repo is brought up to date. Otherwise the hub is asked once;
+    a hub that cannot be reached is an error at the first file (no fallback to the other layout, which
+    would only retry the same unreachable host).
     """
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import (
@@ -389,13 +394,17 @@ def _download(repo_id: str, revision: str | None) -> Path:
             fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
         return config.parent
 
+    named = revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision) is None  # a branch or a tag
     try:
-        try:
-            return locate(local_only=True)
-        except (LocalEntryNotFoundError, OfflineModeIsEnabled, EntryNotFoundError):
-            if constants.HF_HUB_OFFLINE or not _hub_reachable(constants.ENDPOINT):
-                raise LocalEntryNotFoundError("offline") from None
-        return locate(local_only=False)
+        if not named:
+            try:
+                return locate(local_only=True)
+            except (LocalEntryNotFoundError, OfflineModeIsEnabled, EntryNotFoundError):
+                pass
+        online = not constants.HF_HUB_OFFLINE and _hub_reachable(constants.ENDPOINT)
+        if not online and not named:
+            raise LocalEntryNotFoundError("offline")
+        return locate(local_only=not online)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
         raise CheckpointError(
             f"{repo_id}: no such local path, and not in the local Hugging Face cache while "

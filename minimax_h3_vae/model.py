@@ -156,7 +156,9 @@ class H3VideoDecoder(nn.Module):
         device: defaults to CUDA when available. dtype: `torch.float32`/`"fp32"` (default on CPU) or
         `"fp16"`/`torch.float16`, the release recipe (default on CUDA): block linears in fp16, norms,
         residual stream, x_embedder and proj_out in fp32. fused: use the Triton kernels; default from
-        MINIMAX_H3_VAE_FUSED, else on when the model is on CUDA and Triton is importable. tile_batch:
+        MINIMAX_H3_VAE_FUSED, else on when the model is on CUDA and Triton is importable. revision: for a hub
+        repo id, a branch, tag or commit; none loads a cached copy without asking the hub, a branch or tag
+        asks the hub for its newest commit first. tile_batch:
         tiles per decoder call; default: as many as fit in free GPU memory (1 fits a 12 GB card).
         offload: "none" (all weights on the device), "blocks" (block linears in pinned host memory, streamed
         one block at a time, layer-major over each chunk's tiles), or "auto" (default): resident when the

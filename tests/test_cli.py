@@ -367,6 +367,7 @@ BAD_INPUTS.update(
         "fps_metadata_zero": _fps_metadata("0"),
         "zero_frames": _bad_latents(torch.randn(24, 0, 2, 2)),
         "zero_height": _bad_latents(torch.randn(24, 3, 0, 2)),
+        "revision_of_a_local_checkpoint": _flag("--revision", "main"),
     }
 )
 
@@ -401,6 +402,7 @@ def test_bad_input_messages(cli, capsys, tmp_path):
         "tile_batch_0": "--tile-batch",
         "missing_checkpoint": "no_such_checkpoint",
         "truncated_checkpoint": "truncated",
+        "revision_of_a_local_checkpoint": "applies to hub repo ids only",
     }
     for name, words in cases.items():
         if name == "device_cuda" and torch.cuda.is_available():

@@ -450,6 +450,50 @@ def edit_json(path: Path, edit) -> None:
     path.write_text(json.dumps(data))
 
 
+def asks_hub(monkeypatch) -> list:
+    """Record each time the loader asks whether the hub can be reached (answer: no)."""
+    asked = []
+    monkeypatch.setattr(loading, "_hub_reachable", lambda endpoint: asked.append(endpoint) or False)
+    return asked
+
+
+def test_hub_commit_hash_loads_from_the_cache_first(hub_unreachable, layouts, reference_state, monkeypatch):
+    (add, calls), attempts = hub_unreachable
+    add("Org/Original", original_files(layouts))
+    asked = asks_hub(monkeypatch)
+    model = H3VideoDecoder.from_pretrained("Org/Original", device="cpu", revision=COMMIT)
+    assert asked == []
+    assert_same_state(model, reference_state)
+
+
+def test_hub_branch_revision_asks_the_hub_first(hub_unreachable, layouts, reference_state, monkeypatch):
+    """revision="main" asks the hub for main's newest commit before it settles for the cached main (the hub
+    is out of reach here): the way to bring a cached repo up to date. No revision never asks."""
+    (add, calls), attempts = hub_unreachable
+    add("Org/Original", original_files(layouts))
+    asked = asks_hub(monkeypatch)
+    loading.load_checkpoint("Org/Original")
+    assert asked == []
+    model = H3VideoDecoder.from_pretrained("Org/Original", device="cpu", revision="main")
+    assert len(asked) == 1
+    assert_same_state(model, reference_state)
+
+
+def test_revision_of_a_local_path_is_an_error(layouts):
+    with pytest.raises(CheckpointError, match="is a local path; a revision .'main'. applies to hub repo ids only"):
+        loading.load_checkpoint(layouts["original"], revision="main")
+
+
+def test_hub_branch_revision_offline(fake_hub, layouts, reference_state):
+    """HF_HUB_OFFLINE: a branch name is looked up in the cache only; a tag that was never cached is the
+    usual offline error."""
+    add, calls = fake_hub
+    add("Org/Original", original_files(layouts))
+    assert_same_state(H3VideoDecoder.from_pretrained("Org/Original", device="cpu", revision="main"), reference_state)
+    with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
+        H3VideoDecoder.from_pretrained("Org/Original", device="cpu", revision="v2")
+
+
 @pytest.mark.parametrize(
     "edit, words",
     [
