@@ -602,3 +602,36 @@ def test_writer_does_not_wait_for_the_chunk_it_is_given():
     assert not writer.last_copy.query(), "put waited for its own chunk's copy"
     writer.close()
     assert [int(chunk[0, 0, 0, 0]) for chunk in sink.chunks] == [7, 9]
+
+
+class FailingSink(RecordingSink):
+    """Takes one chunk, then fails as a full disk would."""
+
+    def write(self, frames: torch.Tensor) -> None:
+        if self.chunks:
+            raise OSError(28, "No space left on device")
+        super().write(frames)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_writer_error_reaches_the_caller_and_cancel_returns(device):
+    """The sink's error is raised in the caller (at a later `put` or at `close`), and `cancel` returns even
+    with chunks still queued or being copied."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    for finish in ("close", "cancel"):
+        writer = cli_module.BackgroundWriter(FailingSink(), depth=2)
+        chunks = [torch.full((3, 16, 16, 3), i, dtype=torch.uint8, device=device) for i in range(8)]
+        if finish == "close":
+            with pytest.raises(OSError, match="No space left"):
+                for chunk in chunks:
+                    writer.put(chunk)
+                writer.close()
+            writer.cancel()  # what the command does after any failure
+        else:
+            writer.put(chunks[0])
+            writer.put(chunks[1])
+            writer.cancel()
+        assert not writer.thread.is_alive()
+        # close: the first chunk, then the failure; cancel: queued chunks are dropped unwritten
+        assert len(writer.sink.chunks) == 1 if finish == "close" else len(writer.sink.chunks) <= 1
