@@ -93,6 +93,11 @@ EAGER_OPS = SimpleNamespace(
 )
 
 
+# The block's linears, by their names inside it: the part of the release's fp16 recipe that runs in fp16, and
+# what offload="blocks" streams from host memory (~134 MB per block in fp16 at the released size).
+BLOCK_LINEARS = ("attn.to_qkv", "attn.to_out", "ff.w1", "ff.w2")
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int):
         super().__init__()

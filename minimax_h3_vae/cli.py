@@ -262,11 +262,14 @@ class BackgroundWriter:
         import torch
 
         self.largest = max(self.largest, size)
+        buffer = None
         if self.buffers < self.most_buffers and self.idle.empty():
             self.buffers += 1
-            return torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
-        buffer = self.idle.get()
-        return buffer if buffer.numel() >= size else torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
+        else:
+            buffer = self.idle.get()
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
+        return buffer
 
     def close(self) -> None:
         """Wait for every queued chunk to be written; raise the writer's error, if any."""
@@ -401,7 +404,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     from .latents import denormalize_latents
     from .limits import check_fits, estimate
     from .loading import CheckpointError, load_checkpoint
-    from .model import H3VideoDecoder
+    from .model import H3VideoDecoder, weight_bytes
     from .runtime import resolve_device, resolve_dtype, resolve_fused
     from .tiling import plan_chunks
 
@@ -445,9 +448,10 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     height, width = h * config.patch_size, w * config.patch_size
     fps = args.fps or source.fps or DEFAULT_FPS
     element = 2 if dtype == torch.float16 else 4
-    weights = element * sum(math.prod(shape) for key, shape in checkpoint.shapes.items() if key.startswith("decoder"))
-    if args.offload != "none" and device.type == "cuda":  # streamed (or streamed if it must): two blocks' worth
-        weights = 2 * weights // config.num_layers
+    linears, others = weight_bytes(config, dtype)
+    if args.offload != "none" and device.type == "cuda":  # streamed (or streamed if it must): two blocks' linears
+        linears = 2 * linears // config.num_layers
+    weights = linears + others
     cap = None if args.max_gpu_memory is None else int(args.max_gpu_memory * 2**30)
     try:
         if args.output.suffix.lower() == ".mp4":

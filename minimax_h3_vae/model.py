@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import decoding
-from .blocks import EAGER_OPS, DecoderBlock
+from .blocks import BLOCK_LINEARS, EAGER_OPS, DecoderBlock
 from .config import H3DecoderConfig
 from .offload import BlockStreamer
 from .rope import RotaryTable, rotary_table, token_positions
@@ -34,9 +34,6 @@ from .runtime import (
 
 if TYPE_CHECKING:
     from .loading import Checkpoint
-
-# Modules that hold the block linears: fp16 in the release recipe, everything else stays fp32.
-_BLOCK_LINEARS = ("attn.to_qkv", "attn.to_out", "ff.w1", "ff.w2")
 
 
 class ViTDecoder(nn.Module):
@@ -205,10 +202,8 @@ class H3VideoDecoder(nn.Module):
         with torch.device("meta"):
             model = cls(checkpoint.config, Runtime(fused=resolve_fused(fused, device), tile_batch=tile_batch))
         expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-        element = torch.finfo(linear_dtype).bits // 8
-        linear_bytes = sum(math.prod(shape) * element for key, shape in expected.items() if _is_block_linear(key))
-        other_bytes = sum(4 * math.prod(shape) for key, shape in expected.items() if not _is_block_linear(key))
-        reserve = decoding.reserve_bytes(checkpoint.config, element)
+        linear_bytes, other_bytes = _weight_bytes(expected, linear_dtype)
+        reserve = decoding.reserve_bytes(checkpoint.config, torch.finfo(linear_dtype).bits // 8)
         model.runtime.offload = resolve_offload(offload, device, linear_bytes + other_bytes, reserve, cap)
         model.runtime.max_gpu_memory = cap
         # Every tensor goes straight to where it will live: the device, or for streamed block linears pinned
@@ -228,7 +223,7 @@ class H3VideoDecoder(nn.Module):
         ops = set_up.join() if set_up is not None else None  # (after a failed load it just ends by itself)
         model.load_state_dict(state_dict, strict=True, assign=True)
         if ops is not None:
-            model._ops = ((model.runtime.fused, model.device, model.compute_dtype), ops)
+            model._ops = (model._ops_key(), ops)
         return model.eval().requires_grad_(False)
 
     def to_release_fp16(self) -> H3VideoDecoder:
@@ -282,7 +277,7 @@ class H3VideoDecoder(nn.Module):
         The one place the choice is made: once per (fused, device, dtype), with a warning naming any kernel
         that cannot run here (that op then runs eagerly).
         """
-        key = (self.runtime.fused, self.device, self.compute_dtype)
+        key = self._ops_key()
         if self._ops is None or self._ops[0] != key:
             if self.runtime.fused:
                 from . import fused
@@ -292,6 +287,9 @@ class H3VideoDecoder(nn.Module):
                 ops = EAGER_OPS
             self._ops = (key, ops)
         return self._ops[1]
+
+    def _ops_key(self) -> tuple:
+        return (self.runtime.fused, self.device, self.compute_dtype)
 
     def decode_tiles(self, z: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32."""
@@ -403,5 +401,19 @@ def _attention_backends(names: tuple[str, ...]):
         return sdpa_kernel(backends)
 
 
+def weight_bytes(config: H3DecoderConfig, dtype: torch.dtype) -> tuple[int, int]:
+    """Bytes of a decoder of `config` in the recipe of `dtype`: (the block linears, held in `dtype`;
+    everything else, held in float32). From shapes alone (a model on the meta device)."""
+    with torch.device("meta"):
+        shapes = {key: tuple(value.shape) for key, value in H3VideoDecoder(config).state_dict().items()}
+    return _weight_bytes(shapes, dtype)
+
+
+def _weight_bytes(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> tuple[int, int]:
+    element = torch.finfo(dtype).bits // 8
+    linears = sum(math.prod(shape) * element for key, shape in shapes.items() if _is_block_linear(key))
+    return linears, sum(4 * math.prod(shape) for key, shape in shapes.items() if not _is_block_linear(key))
+
+
 def _is_block_linear(key: str) -> bool:
-    return key.startswith("decoder.transformer_blocks.") and any(f".{m}." in key for m in _BLOCK_LINEARS)
+    return key.startswith("decoder.transformer_blocks.") and any(f".{m}." in key for m in BLOCK_LINEARS)

@@ -17,13 +17,13 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-# The streamed tensors of one block, by their names inside it: the four linears (~134 MB in fp16 at the
-# released size). Norm weights and layer scales are tiny and stay on the device.
-STREAMED = ("attn.to_qkv", "attn.to_out", "ff.w1", "ff.w2")
+from .blocks import BLOCK_LINEARS
 
 
 def streamed_linears(block: nn.Module) -> list[nn.Linear]:
-    return [block.get_submodule(name) for name in STREAMED]
+    """The block's linears (blocks.BLOCK_LINEARS); its norm weights and layer scales are tiny and stay on the
+    device."""
+    return [block.get_submodule(name) for name in BLOCK_LINEARS]
 
 
 class BlockStreamer:
