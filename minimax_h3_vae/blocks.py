@@ -160,3 +160,15 @@ class DecoderBlock(nn.Module):
         residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps, compute_dtype)
         y = self.ff.w2(ops.silu_mul(self.ff.w1(normed)))
         return ops.scale_add_rms_norm(residual, y, self.scale2, next_norm_weight, self.eps, compute_dtype)
+
+
+def attention_backends(names: tuple[str, ...]):
+    """A context that lets SDPA use these backends (SDPBackend names), in this order where torch supports
+    priorities."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, name) for name in names]
+    try:
+        return sdpa_kernel(backends, set_priority=True)
+    except TypeError:
+        return sdpa_kernel(backends)

@@ -16,9 +16,7 @@ failure, nothing is left behind and an existing OUT is unchanged (README, "Comma
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import queue
 import signal
 import sys
 import threading
@@ -27,7 +25,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import output
+from . import distributed, output
 from .output import WriteError
 
 DEFAULT_FPS = 24.0
@@ -105,216 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@dataclass
-class LatentsFile:
-    """What the header of IN says, before any tensor data is read."""
-
-    path: Path
-    key: str
-    shape: tuple[int, ...]  # (C, T, h, w)
-    fps: float | None
-
-
-def check_input_path(path: Path) -> None:
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder; give the latents .safetensors file")
-    if path.exists() and not path.is_file():
-        raise InputError(f"{path}: is not a regular file (a FIFO, socket or device); give a .safetensors file")
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-
-
-def read_latents_header(path: Path) -> LatentsFile:
-    """IN's tensor name, shape and dtype and its fps metadata, from the header alone; InputError if the
-    decoder cannot take them."""
-    from safetensors import safe_open
-
-    from .latents import check_dtype
-
-    check_input_path(path)
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            keys = list(handle.keys())
-            metadata = handle.metadata() or {}
-            if "latents" in keys:
-                key = "latents"
-            elif len(keys) == 1:
-                key = keys[0]
-            else:
-                raise InputError(f"{path}: no tensor named 'latents' among {keys[:8]}; name it 'latents'")
-            tensor = handle.get_slice(key)
-            shape, dtype_name = tuple(tensor.get_shape()), tensor.get_dtype()
-    except InputError:
-        raise
-    except Exception as error:  # safetensors' own error types; their text says what is wrong
-        raise InputError(f"{path}: not a readable .safetensors file ({error})") from None
-    if len(shape) == 5 and shape[0] == 1:
-        shape = shape[1:]
-    if len(shape) != 4:
-        raise InputError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got {shape}")
-    if min(shape) == 0:
-        raise InputError(f"{path}: latents are empty: shape {shape}")
-    dtype = torch_dtype(dtype_name)
-    if dtype is None or not dtype.is_floating_point:
-        got = str(dtype).removeprefix("torch.") if dtype is not None else dtype_name
-        raise InputError(f"{path}: latents must be floating point, got {got}")
-    try:
-        check_dtype(dtype)
-    except ValueError as error:
-        raise InputError(f"{path}: {error}") from None
-    fps = None
-    if "fps" in metadata:
-        try:
-            fps = float(metadata["fps"])
-        except ValueError:
-            fps = math.nan
-        if not (fps > 0 and math.isfinite(fps)):
-            raise InputError(f"{path}: metadata fps={metadata['fps']!r} is not a positive number; fix it or pass --fps")
-    return LatentsFile(path, key, shape, fps)
-
-
-def torch_dtype(name: str):
-    """A safetensors dtype name (F32, BF16, F8_E4M3, I64, ...) as a torch dtype; None if torch has none."""
-    import torch
-
-    names = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn"}
-    names.update(F8_E5M2="float8_e5m2", I64="int64", I32="int32", I16="int16", I8="int8", U8="uint8", BOOL="bool")
-    return getattr(torch, names.get(name, ""), None)
-
-
-def read_latents(source: LatentsFile):
-    """The latents (1, C, T, h, w) as float32; InputError for NaN or Inf."""
-    from safetensors import safe_open
-
-    from .latents import check_latents
-
-    try:
-        with safe_open(str(source.path), framework="pt", device="cpu") as handle:
-            latents = handle.get_tensor(source.key)
-    except Exception as error:
-        raise InputError(f"{source.path}: not a readable .safetensors file ({error})") from None
-    latents = latents.reshape(1, *source.shape)
-    try:
-        check_latents(latents, channels=None)
-    except ValueError as error:
-        raise InputError(f"{source.path}: {error}") from None
-    return latents.float()
-
-
-class BackgroundWriter:
-    """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
-
-    `put(frames)` takes one chunk's uint8 frames (f, H, W, 3) on the CPU or a CUDA device. CUDA frames are
-    copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
-    of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
-    host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
-    host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
-    `put` or at `close`.
-    """
-
-    def __init__(self, sink: output.Sink, depth: int = 2):
-        self.sink = sink
-        self.queue = queue.Queue(maxsize=depth)
-        self.idle = queue.Queue()  # pinned buffers the thread has written out
-        self.buffers, self.most_buffers, self.largest = 0, depth + 2, 0
-        self.last_copy = None  # the event of the latest chunk's copy to the host
-        self.error: BaseException | None = None
-        self.cancelled = False
-        self.first_written: float | None = None  # time.perf_counter() when the first chunk was written
-        self.thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            frames, copied, buffer = item
-            if self.error is None and not self.cancelled:
-                try:
-                    if copied is not None:
-                        copied.synchronize()
-                    self.sink.write(frames)
-                    self.first_written = self.first_written or time.perf_counter()
-                except BaseException as error:  # handed to the caller; keep draining so it never blocks
-                    self.error = error
-            if buffer is not None:
-                self.idle.put(buffer)
-
-    def put(self, frames) -> None:
-        import torch
-
-        if self.error is not None:
-            raise self.error
-        buffer = copied = None
-        if frames.is_cuda:
-            buffer = self._buffer(frames.numel())
-            host = buffer[: frames.numel()].view(frames.shape)
-            host.copy_(frames, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(frames.device))
-            earlier, self.last_copy, frames = self.last_copy, copied, host
-            if earlier is not None:
-                earlier.synchronize()
-        self.queue.put((frames, copied, buffer))
-
-    def _buffer(self, size: int):
-        """A pinned uint8 buffer of at least `size` bytes: one the thread is done with, or a new one while
-        there are fewer than `most_buffers`. New buffers take the largest chunk seen so far, so that a short
-        chunk (a clip's last) never leaves a buffer too small for the next."""
-        import torch
-
-        self.largest = max(self.largest, size)
-        buffer = None
-        if self.buffers < self.most_buffers and self.idle.empty():
-            self.buffers += 1
-        else:
-            buffer = self.idle.get()
-        if buffer is None or buffer.numel() < size:
-            buffer = torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
-        return buffer
-
-    def close(self) -> None:
-        """Wait for every queued chunk to be written; raise the writer's error, if any."""
-        self._stop()
-        if self.error is not None:
-            raise self.error
-
-    def cancel(self) -> None:
-        """Drop what is queued and end the thread (after the chunk it is writing, if any)."""
-        self.cancelled = True
-        while True:
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-        self._stop()
-
-    def _stop(self) -> None:
-        if self.thread.is_alive():
-            self.queue.put(None)
-            self.thread.join()
-
-
-# ---- torch.distributed ---------------------------------------------------------------------------------
-
-
-def init_distributed(args: argparse.Namespace):
-    """Under torchrun (WORLD_SIZE > 1): join the process group, NCCL on CUDA (the GPU of LOCAL_RANK), gloo
-    on the CPU. Returns (rank, world size, device)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    use_cuda = args.device != "cpu" and torch.cuda.is_available()
-    if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    # A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=10))
-    return dist.get_rank(), dist.get_world_size(), device
-
-
 def agree(error: Exception | None, ranks: int) -> None:
     """Every rank calls this at the same points (after preparing, after each chunk, after writing): all
     learn whether any rank failed, and all raise the first failing rank's report as `Agreed`, with its
@@ -323,13 +111,9 @@ def agree(error: Exception | None, ranks: int) -> None:
         if error is not None:
             raise error
         return
-    import torch.distributed as dist
-
-    reports = [None] * ranks
-    dist.all_gather_object(reports, None if error is None else describe(error))
-    failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
-    if failed:
-        rank, (code, line) = failed[0]
+    failed = distributed.agree(None if error is None else describe(error), ranks)
+    if failed is not None:
+        rank, (code, line) = failed
         raise Agreed(code, f"{line} (rank {rank})" if rank else line)
 
 
@@ -363,16 +147,44 @@ def run(args: argparse.Namespace, rank: int, ranks: int, device) -> None:
         raise
 
 
+# Each run option's command-line flag, for the messages of DecodeOptions' checks.
+FLAGS = {"tile_batch": "--tile-batch", "max_gpu_memory": "--max-gpu-memory", "offload": "--offload"}
+
+
+def decode_options(args: argparse.Namespace, device=None):
+    """The command's run options, checked by `DecodeOptions` as at every other door; InputError naming the
+    flag. `device`: this rank's device under torchrun (else --device)."""
+    from .runtime import DecodeOptions
+
+    if args.device == "cuda" and device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA device is available; use --device cpu")
+    try:
+        return DecodeOptions(
+            device=device or args.device,
+            dtype=args.dtype,
+            fused=False if args.eager else None,
+            tile_batch=args.tile_batch,
+            offload=args.offload,
+            max_gpu_memory=args.max_gpu_memory,
+        )
+    except ValueError as error:
+        message = str(error)
+        for field, flag in FLAGS.items():
+            if message.startswith(field):
+                message = flag + message.removeprefix(field)
+        raise InputError(message) from None
+
+
 def check_arguments(args: argparse.Namespace) -> None:
-    if args.tile_batch is not None and args.tile_batch < 1:
-        raise InputError(f"--tile-batch must be at least 1, got {args.tile_batch}")
+    """The output's own settings: frame rate, encoder quality and preset."""
     if args.fps is not None:
         try:
             output.check_fps(args.fps, "--fps")
         except ValueError as error:
             raise InputError(str(error)) from None
-    if args.max_gpu_memory is not None and not (0 < args.max_gpu_memory < math.inf):
-        raise InputError(f"--max-gpu-memory must be a positive number of GiB, got {args.max_gpu_memory}")
     low, high = output.CRF_RANGE
     if not low <= args.crf <= high:
         raise InputError(f"--crf must be a whole number from {low} (lossless) to {high} (worst), got {args.crf}")
@@ -394,46 +206,36 @@ def checkpoint_files(model: str, checkpoint) -> list[Path]:
 def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     """Every check, cheapest first, then the decoder and (on rank 0) the open output.
 
-    Before anything is loaded: the arguments, OUT (format, its folder takes a file, not IN), IN's header,
-    the device settings. From the checkpoint's headers alone: OUT is none of its files, the latent
-    channels, the frame rate, free disk space and the memory estimate. Only then are the latents and the
-    weights read.
+    Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
+    IN's header. From the checkpoint's headers alone: OUT is none of its files, the latent channels, the
+    frame rate, free disk space, and the memory plan of the resolved run settings. Only then are the
+    latents and the weights read.
     """
-    import torch
-
-    from .latents import denormalize_latents
-    from .limits import check_fits, estimate
+    from .decoding import H3VideoDecoder
+    from .latents import check_latents_path, denormalize_latents, read_latents, read_latents_header
     from .loading import CheckpointError, load_checkpoint
-    from .model import H3VideoDecoder, weight_bytes
-    from .runtime import resolve_device, resolve_dtype, resolve_fused
+    from .memory import check_fits, plan
+    from .runtime import resolve
     from .tiling import plan_chunks
 
     check_arguments(args)
+    options = decode_options(args, device)
     try:
         output.check_output_name(args.output)
+        check_latents_path(args.input)
     except ValueError as error:
         raise InputError(str(error)) from None
-    check_input_path(args.input)
     if output.same_file(args.output, args.input):
         raise InputError(f"{args.output}: is the input file; give another output name")
-    if rank == 0:
-        try:
-            output.probe_folder(args.output)
-        except ValueError as error:
-            raise InputError(str(error)) from None
-    source = read_latents_header(args.input)
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available; use --device cpu")
     try:
-        device = device or resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype, device)
-        fused = False if args.eager else resolve_fused(None, device)
-    except ValueError as error:  # e.g. MINIMAX_H3_VAE_FUSED=yes
+        if rank == 0:
+            output.probe_folder(args.output)
+        source = read_latents_header(args.input)
+    except ValueError as error:
         raise InputError(str(error)) from None
 
     if rank == 0:
-        print(f"loading {args.model} onto {device} ...", file=sys.stderr, flush=True)
+        print(f"loading {args.model} onto {options.device} ...", file=sys.stderr, flush=True)
     try:
         checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
@@ -447,38 +249,29 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     frames = plan_chunks(frames_in, config).out_frames
     height, width = h * config.patch_size, w * config.patch_size
     fps = args.fps or source.fps or DEFAULT_FPS
-    element = 2 if dtype == torch.float16 else 4
-    linears, others = weight_bytes(config, dtype)
-    if args.offload != "none" and device.type == "cuda":  # streamed (or streamed if it must): two blocks' linears
-        linears = 2 * linears // config.num_layers
-    weights = linears + others
-    cap = None if args.max_gpu_memory is None else int(args.max_gpu_memory * 2**30)
     try:
+        runtime = resolve(options, config, checkpoint.tiling)
         if args.output.suffix.lower() == ".mp4":
             output.check_fps(fps, "--fps" if args.fps else f"{args.input}: metadata fps")
-        needs = estimate(source.shape, config, device, weights, args.tile_batch, element)
+        needs = plan(
+            config,
+            source.shape,
+            dtype=options.dtype,
+            device_type=options.device.type,
+            offload=runtime.offload,
+            tiling=runtime.tiling,
+            tile_batch=runtime.tile_batch,
+        )
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
-        check_fits(needs, device, what, cap)
+        check_fits(needs, options.device, what, runtime.max_gpu_memory)
         if rank == 0:
             output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
-    except ValueError as error:
-        raise InputError(str(error)) from None
-
-    latents = read_latents(source)
-    try:
+        latents = read_latents(source)
         z = latents if args.raw_latents else denormalize_latents(latents, config)
     except ValueError as error:
-        raise InputError(f"{args.input}: {error}") from None
-    try:
-        decoder = H3VideoDecoder.from_checkpoint(  # the checkpoint located and checked above, not opened again
-            checkpoint,
-            device=device,
-            dtype=dtype,
-            fused=fused,
-            tile_batch=args.tile_batch,
-            offload=args.offload,
-            max_gpu_memory=args.max_gpu_memory,
-        )
+        raise InputError(str(error)) from None
+    try:  # the checkpoint located and checked above, not opened again; the offload decided above
+        decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
         raise InputError(str(error)) from None
     sink = output.open_sink(args.output, frames, height, width, fps, args.crf, args.preset) if rank == 0 else None
@@ -494,9 +287,9 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
 
     decoder, z, sink = prepared.decoder, prepared.z, prepared.sink
     device = decoder.device
-    decoder.output_rank = 0 if ranks > 1 else None
+    output_rank = 0 if ranks > 1 else None  # rank 0 writes the file: the others need not receive the frames
     if rank != 0:
-        for _ in decoder.decode_stream(z.to(device)):
+        for _ in decoder.decode_stream(z.to(device), output_rank=output_rank):
             agree(None, ranks)
         agree(None, ranks)
         return
@@ -509,15 +302,16 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     print(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps", file=sys.stderr)
 
     start = time.perf_counter()
-    writer = BackgroundWriter(sink)
+    writer = output.BackgroundWriter(sink)
     try:
         with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
 
             def progress(done: int, total: int) -> None:
-                bar.total = total
+                if bar.total != total:
+                    bar.reset(total)
                 bar.update(done - bar.n)
 
-            for chunk in decoder.decode_stream(z.to(device), progress):
+            for chunk in decoder.decode_stream(z.to(device), progress, output_rank=output_rank):
                 error = None
                 try:
                     writer.put(to_uint8_frames(chunk))
@@ -585,14 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
-    rank = int(os.environ.get("RANK", "0"))
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    distributed = False
+    rank, ranks, device = 0, distributed.launched_world_size(), None
     try:
-        device = None
         if ranks > 1:
-            rank, ranks, device = init_distributed(args)
-            distributed = True
+            rank, ranks, device = distributed.init_process_group(cpu=args.device == "cpu")
         run(args, rank, ranks, device)
     except (Exception, KeyboardInterrupt, Stopped) as error:
         code, line = describe(error)
@@ -602,10 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         return code
     finally:
-        if distributed:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+        if ranks > 1:
+            distributed.destroy_process_group()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return 0

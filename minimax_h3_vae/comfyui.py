@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .decoding import H3VideoDecoder
 from .frames import to_unit_rgb
 from .latents import check_latents, denormalize_latents
-from .model import H3VideoDecoder
+from .runtime import DecodeOptions, Runtime, resolve_call
 from .tiling import plan_chunks
 
 DECODER_TYPE = "MINIMAX_H3_DECODER"
@@ -28,13 +29,19 @@ FUSED_CHOICES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class NodeDecoder:
-    """What the loader node outputs: the (shared, cached) decoder and this node's tiles per call."""
+    """What the loader node outputs: the (shared, cached) decoder and this node's tiles per call, which each
+    decode passes as a per-call option (the shared decoder itself is never changed)."""
 
     decoder: H3VideoDecoder
     tile_batch: int | None
 
+    @property
+    def runtime(self) -> Runtime:
+        """The run settings a decode through this node uses."""
+        return resolve_call(self.decoder.runtime, self.decoder.config, tile_batch=self.tile_batch)
 
-# The last loaded decoder, keyed by (file, size, mtime, fused, device). One entry: a second one would hold
+
+# The last loaded decoder, keyed by (file, size, mtime, load options). One entry: a second one would hold
 # another 4.8 GB of weights on the GPU.
 _cache: dict[tuple, H3VideoDecoder] = {}
 
@@ -77,14 +84,15 @@ class H3DecoderLoader:
 
     def load(self, vae_name: str, path: str, fused: str, tile_batch: int) -> tuple[NodeDecoder]:
         source = _source(vae_name, path)
-        device = _device()
         fused_flag = {"auto": None, "on": True, "off": False}[fused]
+        options = DecodeOptions(device=_device(), fused=fused_flag, tile_batch=tile_batch or None)
+        shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
         stat = os.stat(source)
-        key = (os.path.realpath(source), stat.st_size, stat.st_mtime_ns, fused_flag, str(device))
+        key = (os.path.realpath(source), stat.st_size, stat.st_mtime_ns, shared)
         if key not in _cache:
             _cache.clear()  # free the previous decoder before loading the next
-            _cache[key] = H3VideoDecoder.from_pretrained(source, device=device, fused=fused_flag)
-        return (NodeDecoder(_cache[key], tile_batch or None),)
+            _cache[key] = H3VideoDecoder.from_pretrained(source, options=shared)
+        return (NodeDecoder(_cache[key], options.tile_batch),)
 
 
 class H3Decode:
@@ -120,9 +128,8 @@ class H3Decode:
         def progress(done: int, total: int) -> None:
             bar.update_absolute(done, total)
 
-        model.tile_batch = decoder.tile_batch
         start = 0
-        for chunk in model.decode_stream(z, progress if bar is not None else None):
+        for chunk in model.decode_stream(z, progress if bar is not None else None, tile_batch=decoder.tile_batch):
             count = chunk.shape[2]
             images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
             start += count

@@ -1,6 +1,7 @@
 """The checkpoint's configuration: one frozen dataclass, and the mapping from each released config file.
 
-It describes the model only; how a process runs it (fused ops, tile batch, ranks) is `runtime.Runtime`.
+It describes the model only; how a process runs it (fused ops, tile batch, tiling, offload, ranks) is a
+`runtime.Runtime`.
 The released config files and their fields are in docs/decoder.md section 2.
 """
 
@@ -73,7 +74,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class H3DecoderConfig:
-    """Everything that shapes the decoder and its tiling. Defaults are the released model."""
+    """Everything that shapes the decoder and its temporal chunks. Defaults are the released model."""
 
     latent_channels: int = 24  # z channels; also post_quant_conv width
     out_channels: int = 3  # RGB
@@ -89,8 +90,6 @@ class H3DecoderConfig:
     norm_eps: float = 1e-5  # RMSNorm, QK-norm and the final LayerNorm
     clip_length: int = 17  # pixel frames per encoder chunk; fixes the temporal chunk geometry
     token_drop: int = 3  # latent frames the encoder dropped per chunk; fixes the temporal overlap
-    tile_size: int = 256  # spatial tile, pixels
-    tile_overlap_min: int = 64  # minimum overlap between neighbouring tiles, pixels
     latents_mean: tuple[float, ...] = RELEASED_LATENTS_MEAN
     latents_std: tuple[float, ...] = RELEASED_LATENTS_STD
 
@@ -117,12 +116,6 @@ class H3DecoderConfig:
             object.__setattr__(self, name, tuple(float(v) for v in values))
         if min(self.latents_std) <= 0:
             raise ConfigError(f"latents_std must be positive, got {min(self.latents_std)}")
-        if self.tile_size % self.patch_size or self.tile_overlap_min % self.patch_size:
-            raise ConfigError("tile size and overlap must be multiples of the patch size")
-        if self.tile_overlap_min >= self.tile_size:
-            raise ConfigError(
-                f"tile overlap {self.tile_overlap_min} must be smaller than the tile size {self.tile_size}"
-            )
 
     @property
     def dim(self) -> int:
@@ -168,7 +161,8 @@ class H3DecoderConfig:
 
     @classmethod
     def from_original(cls, wrapper: dict[str, Any], model: dict[str, Any], **overrides) -> H3DecoderConfig:
-        """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model)."""
+        """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model). The
+        wrapper's tiling (`vae_tile_size`, `vae_tile_overlap_min`) is a run default, read by loading.py."""
         _expect_object(wrapper, "video_vae/config.json")
         _expect_object(model, "video_vae/source/config.json")
         _expect_object(model.get("vit_decoder_kwargs", {}), "vit_decoder_kwargs")
@@ -206,8 +200,6 @@ class H3DecoderConfig:
             rope_dim_ratio=vit.get("rope_dim_ratio", 0.75),
             clip_length=wrapper.get("vae_clip_length", 17),
             token_drop=wrapper.get("vae_token_drop", 3),
-            tile_size=wrapper.get("vae_tile_size", 256),
-            tile_overlap_min=wrapper.get("vae_tile_overlap_min", 64),
             latents_mean=wrapper.get("latents_mean", RELEASED_LATENTS_MEAN),
             latents_std=wrapper.get("latents_std", RELEASED_LATENTS_STD),
         )
@@ -217,7 +209,7 @@ class H3DecoderConfig:
 
     @classmethod
     def from_diffusers(cls, config: dict[str, Any], **overrides) -> H3DecoderConfig:
-        """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3` (tiling 256/64 is fixed there)."""
+        """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3`."""
         _expect_object(config, "vae/config.json")
         name = config.get("_class_name", "AutoencoderKLMiniMaxH3")
         if name != "AutoencoderKLMiniMaxH3":
@@ -265,8 +257,6 @@ _INT_FIELDS = {
     "ffn_mult": 1,
     "clip_length": 1,
     "token_drop": 0,
-    "tile_size": 1,
-    "tile_overlap_min": 0,
 }
 # Real-valued fields and their range (low, high].
 _FLOAT_FIELDS = {"rope_theta": (0.0, math.inf), "rope_dim_ratio": (0.0, 1.0), "norm_eps": (0.0, 1.0)}

@@ -1,134 +1,198 @@
-"""Decode orchestration: the chunk loop over time, the tile loop over space, tiles per call, progress.
+"""Decode orchestration: `H3VideoDecoder`, the loops over time and space, tiles per call, progress.
 
     latents (B, 24, T, h, w) -> chunk windows (tiling.plan_chunks)
-      -> per window: tiles (tiling.plan_tiles) -> decoder calls of `tile_batch` tiles (model.decode_tiles;
-         with offload="blocks" all of them block by block, model.decode_tiles_layer_major), shared across
-         ranks (distributed.decode_shared) -> stitched frame (tiling.stitch)
-      -> windows joined and cross-faded (tiling.join_chunks) -> frames, one chunk at a time
+      -> per window: tiles (tiling.plan_tiles, the run's Tiling) -> decoder calls of `tile_batch` tiles
+         (model.H3Decoder.forward; with offload="blocks" all of them block by block, `_layer_major`), shared
+         across ranks (distributed.decode_shared) -> stitched frame (tiling.stitch)
+      -> windows joined and cross-faded (tiling.join_chunks) -> frames, one chunk per window
 
-`H3VideoDecoder.decode` / `decode_stream` are the public entry points; they call `decode_stream` here.
+The model (model.py) is the modules and their forward over a batch of tiles; everything here reads the
+run settings (`runtime.Runtime`) it is handed, and never changes them for another call.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
 
 import torch
 
-from . import distributed, limits, tiling
+from . import distributed, memory, tiling
+from .blocks import EAGER_OPS, attention_backends
 from .config import H3DecoderConfig
 from .latents import check_latents
-
-if TYPE_CHECKING:
-    from .model import H3VideoDecoder
+from .loading import DEFAULT_REPO, Checkpoint, load_checkpoint, load_weights
+from .model import H3Decoder
+from .offload import BlockStreamer
+from .runtime import DecodeOptions, Runtime, resolve, resolve_call, resolve_fused
 
 Progress = Callable[[int, int], None]
 
 
-# With offload="blocks" the automatic tile batch stops at 4: on the H200, 4 tiles per call run within ~5% of
-# 28 (benchmarks/RESULTS.md), and the small batch is what keeps the streamed decode's memory small.
-STREAMED_TILE_BATCH = 4
+class H3VideoDecoder(H3Decoder):
+    """Decodes MiniMax-H3 video latents into ImageNet-normalised RGB video, exactly as released.
 
-
-def reserve_bytes(config: H3DecoderConfig, element: int, height: int = 768, width: int = 1344) -> int:
-    """Device memory beyond the weights that one temporal window of a `height` x `width` video needs at one
-    tile per call: the decoded tiles, the stitched frame and the one before it, one tile's activations.
-    offload="auto" keeps the weights resident only if this much is left beside them."""
-    c = config
-    frames = c.chunk_latents + c.chunk_overlap_latents
-    plan = tiling.plan_tiles(height // c.patch_size, width // c.patch_size, c)
-    tile_h, tile_w = plan.latent_tile_shape
-    tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
-    pixels = c.out_channels * frames * c.patch_size_t
-    buffers = 4 * pixels * (plan.count * plan.rows.size * plan.cols.size + 2 * height * width)
-    return buffers + limits.tile_bytes(c, element, tokens, torch.device("cuda"))
-
-
-def auto_tile_batch(model: H3VideoDecoder, tiles: int, tokens: int, held_bytes: int) -> int:
-    """Tiles per decoder call for `tiles` tiles of `tokens` tokens, when no tile batch is set.
-
-    CUDA: what fits in 80% of the free memory and, with `max_gpu_memory`, in the cap less what the decoder
-    holds (its device weights, the streaming slots, and `held_bytes` of this window's buffers). CPU: half
-    the available host memory. With offload="blocks" every tile's residual stream stays on the device as
-    well, and the batch stops at STREAMED_TILE_BATCH.
+    Build it with `H3VideoDecoder.from_pretrained(...)`; `decode(z)` is the whole release pipeline. The
+    checkpoint is `self.config`; how it runs is `self.runtime`, frozen: change it for later calls with
+    `configure(...)`, or for one call with `decode(z, tile_batch=..., tiling=...)`.
     """
-    c = model.config
-    layer_major = model.runtime.offload == "blocks"
-    element = torch.finfo(model.compute_dtype).bits // 8
-    state = tiles * tokens * c.dim * (4 + element) if layer_major else 0
-    if model.device.type == "cuda":
-        budget = int(0.8 * torch.cuda.mem_get_info(model.device)[0]) - state
-        cap = model.runtime.max_gpu_memory
-        if cap is not None:
-            budget = min(budget, cap - model.device_bytes() - held_bytes - state)
-    else:
-        host = limits.available_host()
-        budget = (host if host is not None else 2**62) // 2 - state
-    batch = max(1, budget // limits.tile_bytes(c, element, tokens, model.device))
-    return min(batch, STREAMED_TILE_BATCH) if layer_major else batch
+
+    def __init__(self, config: H3DecoderConfig, runtime: Runtime | None = None):
+        super().__init__(config)
+        self._runtime = runtime if runtime is not None else Runtime()
+        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, device, dtype) -> the ops
+        self._streamer: BlockStreamer | None = None
+        self._streaming = threading.Lock()  # one layer-major decode at a time through the streamer's slots
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | os.PathLike = DEFAULT_REPO,
+        *,
+        revision: str | None = None,
+        options: DecodeOptions | None = None,
+        **fields,
+    ) -> H3VideoDecoder:
+        """Load the decoder from a hub repo id, a local repo root, an original `video_vae/` folder, a
+        diffusers `vae/` folder, or a single ComfyUI `.safetensors` file.
+
+        The run options are a `DecodeOptions`, or its fields as keywords (device, dtype, fused, tile_batch,
+        offload, max_gpu_memory in GiB, tiling, output_rank, attention_backends); they are checked before
+        the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none loads a cached
+        copy without asking the hub, a branch or tag asks the hub for its newest commit first.
+        """
+        options = _options(options, fields)
+        return cls.from_checkpoint(load_checkpoint(source, revision=revision), options)
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, options: DecodeOptions | None = None, **fields
+    ) -> H3VideoDecoder:
+        """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
+        memory, `loading.checkpoint_in_memory`) with `options` as in `from_pretrained`."""
+        options = _options(options, fields)
+        runtime = resolve(options, checkpoint.config, checkpoint.tiling)
+        with torch.device("meta"):
+            model = cls(checkpoint.config, runtime)
+        ops = load_weights(model, checkpoint, options.device, options.dtype, runtime)
+        if ops is not None:
+            model._ops[model._ops_key(runtime)] = ops
+        return model
+
+    # ---- run settings ----------------------------------------------------------------------------------
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    def configure(self, **changes) -> H3VideoDecoder:
+        """Change run settings for every later call (fused, tile_batch, tiling, output_rank,
+        attention_backends), checked as at load; returns self."""
+        self._runtime = resolve_call(self._runtime, self.config, **changes)
+        return self
+
+    @property
+    def tile_batch(self) -> int | None:
+        return self._runtime.tile_batch
+
+    @tile_batch.setter
+    def tile_batch(self, value: int | None) -> None:
+        self.configure(tile_batch=value)
+
+    @property
+    def output_rank(self) -> int | None:
+        return self._runtime.output_rank
+
+    @output_rank.setter
+    def output_rank(self, value: int | None) -> None:
+        self.configure(output_rank=value)
+
+    def ops(self, runtime: Runtime | None = None) -> SimpleNamespace:
+        """The pointwise ops for `runtime` (default: the decoder's): eager, or the Triton kernels when it asks
+        for fused ops. Selected once per (fused, device, dtype), with a warning naming any kernel that
+        cannot run here (that op then runs eagerly)."""
+        runtime = runtime or self._runtime
+        key = self._ops_key(runtime)
+        if key not in self._ops:
+            if key[0]:
+                from . import fused
+
+                self._ops[key] = fused.select_ops(self.config, self.device, self.compute_dtype)
+            else:
+                self._ops[key] = EAGER_OPS
+        return self._ops[key]
+
+    def _ops_key(self, runtime: Runtime) -> tuple:
+        fused = runtime.fused if runtime.fused is not None else resolve_fused(None, self.device)
+        return (fused, self.device, self.compute_dtype)
+
+    def device_bytes(self) -> int:
+        """Bytes of weights this decoder holds on its device, the streaming slots included."""
+        tensors = [*self.parameters(), *self.buffers()]
+        held = sum(t.numel() * t.element_size() for t in tensors if t.device == self.device)
+        streamer = self._streamer
+        return held + (2 * streamer.slot_bytes if streamer is not None and streamer.moves else 0)
+
+    def streamer(self) -> BlockStreamer:
+        """The block-weight streamer of offload="blocks" (made on first use)."""
+        if self._streamer is None:
+            self._streamer = BlockStreamer(self.decoder.transformer_blocks, self.device)
+        return self._streamer
+
+    # ---- decoding --------------------------------------------------------------------------------------
+
+    def decode_stream(self, z: torch.Tensor, progress: Progress | None = None, **options) -> Iterator[torch.Tensor]:
+        """Yield the decoded frames of `decode(z)` in order, one chunk per temporal window.
+
+        z: raw (denormalised) latents (B, 24, T, h, w). Each item is (B, 3, f, 16h, 16w) float32 on the
+        model's device, in the ImageNet-normalised output space; their concatenation along dim 2 is
+        `decode(z)`. progress(done, total) is called with total = tiles x windows x B before the first tile
+        and as tiles finish. `options` change run settings for this call only (see `configure`). Under
+        torch.distributed, ranks other than `output_rank`, when it is set, yield None per window.
+        The latents and options are checked here, before the first chunk is asked for.
+        """
+        runtime = resolve_call(self._runtime, self.config, **options)
+        check_latents(z, self.config.latent_channels)
+        return _stream(self, runtime, z, progress)
+
+    def decode(self, z: torch.Tensor, progress: Progress | None = None, **options) -> torch.Tensor | None:
+        """Raw (denormalised) latents (B, 24, T, h, w) -> video (B, 3, F, 16h, 16w), float32, in the
+        ImageNet-normalised space (see `to_unit_rgb`). F = 1 for T = 1, 5 for T = 2, else 17n + 5 for
+        T = 5n + 2 (tails padded and cut as released). Under torch.distributed every rank must call it with
+        the same latents; each gets the whole video, or None on ranks other than `output_rank` when set."""
+        chunks = list(self.decode_stream(z, progress, **options))
+        return None if chunks[0] is None else torch.cat(chunks, dim=2)
 
 
-def decode_window(model: H3VideoDecoder, z: torch.Tensor, advance: Callable[[int], None]) -> torch.Tensor | None:
-    """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
-
-    The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many as
-    fit, `auto_tile_batch`), shared across ranks under torch.distributed; with offload="blocks", layer-major
-    over all of this rank's tiles. Returns None on a rank that does not receive the output. advance(n) is
-    called as n tiles finish.
-    """
-    c = model.config
-    plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c)
-    tiles = torch.cat([z[..., rows, cols] for rows, cols in plan.latent_windows()])
-    frames, (tile_h, tile_w) = z.shape[2], plan.latent_tile_shape
-    tile_shape = (c.out_channels, frames * c.patch_size_t, plan.rows.size, plan.cols.size)
-    tokens = frames * tile_h * tile_w + c.num_register_tokens + 1
-    tile_batch = model.runtime.tile_batch
-    done = 0
-
-    def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
-        nonlocal done
-        first, count = calls[0][0], calls[-1][1] - calls[0][0]
-        # This window's buffers: the decoded tiles, the stitched frame, and the held tail of the last one.
-        frame = (plan.rows.starts[-1] + plan.rows.size) * (plan.cols.starts[-1] + plan.cols.size)
-        held = 4 * (out.numel() + 2 * z.shape[0] * math.prod(tile_shape[:2]) * frame)
-        step = tile_batch or auto_tile_batch(model, count, tokens, held)
-        parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
-        inputs = [tiles[a:b] for a, b in parts]
-        outputs = [out[a - first : b - first] for a, b in parts]
-        if model.runtime.offload == "blocks":
-            model.decode_tiles_layer_major(inputs, outputs, advance)
-        else:
-            for tile_input, tile_output in zip(inputs, outputs):
-                model.decode_tiles(tile_input, tile_output)
-                advance(tile_input.shape[0])
-        done += count
-
-    decoded = distributed.decode_shared(
-        tiles.shape[0],
-        tile_batch,
-        model.runtime.output_rank,
-        lambda n: tiles.new_empty(n, *tile_shape, dtype=torch.float32),
-        decode_calls,
-    )
-    if decoded is None:
-        return None
-    advance(tiles.shape[0] - done)  # the tiles other ranks decoded
-    return tiling.stitch(decoded.split(z.shape[0]), plan)
+def _options(options: DecodeOptions | None, fields: dict) -> DecodeOptions:
+    if options is not None and fields:
+        raise ValueError(f"give either options= or the option fields {sorted(fields)}, not both")
+    return options if options is not None else DecodeOptions(**fields)
 
 
-def decode_stream(
-    model: H3VideoDecoder, z: torch.Tensor, progress: Progress | None = None
+@torch.inference_mode()
+def _stream(
+    model: H3VideoDecoder, runtime: Runtime, z: torch.Tensor, progress: Progress | None
 ) -> Iterator[torch.Tensor | None]:
-    """The frames of `model.decode(z)`, one temporal chunk at a time (see `H3VideoDecoder.decode_stream`)."""
     c = model.config
-    check_latents(z, c.latent_channels)
     z = z.to(model.device)
-    plan = tiling.plan_chunks(z.shape[2], c)
-    if plan.padded_frames > z.shape[2]:
-        z = torch.cat([z, z[:, :, -1:].expand(-1, -1, plan.padded_frames - z.shape[2], -1, -1)], dim=2)
-    total = tiling.plan_tiles(z.shape[-2], z.shape[-1], c).count * len(plan.starts) * z.shape[0]
+    chunks = tiling.plan_chunks(z.shape[2], c)
+    if chunks.padded_frames > z.shape[2]:
+        z = torch.cat([z, z[:, :, -1:].expand(-1, -1, chunks.padded_frames - z.shape[2], -1, -1)], dim=2)
+    batch, channels, frames, h, w = z.shape
+    plan = memory.plan(
+        c,
+        (channels, frames, h, w),
+        dtype=model.compute_dtype,
+        device_type=model.device.type,
+        offload=runtime.offload,
+        tiling=runtime.tiling,
+        tile_batch=runtime.tile_batch,
+        batch=batch,
+    )
+    total = plan.tiles * len(chunks.starts)
     done = 0
 
     def advance(tiles: int) -> None:
@@ -138,9 +202,93 @@ def decode_stream(
             if progress is not None:
                 progress(done, total)
 
-    windows = (decode_window(model, z[:, :, start : start + plan.window], advance) for start in plan.starts)
-    if not distributed.receives_output(model.runtime.output_rank):
-        for _ in windows:  # this rank only decodes its share of the tiles
+    if progress is not None:
+        progress(0, total)
+    windows = (
+        _decode_window(model, runtime, plan, z[:, :, start : start + chunks.window], advance) for start in chunks.starts
+    )
+    if not distributed.receives_output(runtime.output_rank):
+        for _ in windows:  # this rank only decodes its share of the tiles; one None per window, as elsewhere
             yield None
         return
-    yield from tiling.join_chunks(windows, plan, c)
+    yield from tiling.join_chunks(windows, chunks, c)
+
+
+def _decode_window(
+    model: H3VideoDecoder,
+    runtime: Runtime,
+    plan: memory.MemoryPlan,
+    z: torch.Tensor,
+    advance: Callable[[int], None],
+) -> torch.Tensor | None:
+    """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
+
+    The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many as
+    the memory plan lets fit, memory.auto_tile_batch), shared across ranks under torch.distributed; with
+    offload="blocks", layer-major over all of this rank's tiles. Returns None on a rank that does not
+    receive the output. advance(n) is called as n tiles finish.
+    """
+    c = model.config
+    tiles_plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c, runtime.tiling)
+    tiles = torch.cat([z[..., rows, cols] for rows, cols in tiles_plan.latent_windows()])
+    tile_shape = (c.out_channels, z.shape[2] * c.patch_size_t, tiles_plan.rows.size, tiles_plan.cols.size)
+    done = 0
+
+    def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
+        nonlocal done
+        first, count = calls[0][0], calls[-1][1] - calls[0][0]
+        step = runtime.tile_batch or memory.auto_tile_batch(
+            plan, count, model.device, runtime.max_gpu_memory, model.device_bytes() + plan.window
+        )
+        parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
+        inputs = [tiles[a:b] for a, b in parts]
+        outputs = [out[a - first : b - first] for a, b in parts]
+        ops = model.ops(runtime)
+        with attention_backends(runtime.attention_backends):
+            if runtime.offload == "blocks":
+                with model._streaming:
+                    _layer_major(model, ops, inputs, outputs, advance)
+            else:
+                for tile_input, tile_output in zip(inputs, outputs):
+                    model(tile_input, ops, tile_output)
+                    advance(tile_input.shape[0])
+        done += count
+
+    decoded = distributed.decode_shared(
+        tiles.shape[0],
+        runtime.tile_batch,
+        runtime.output_rank,
+        lambda n: tiles.new_empty(n, *tile_shape, dtype=torch.float32),
+        decode_calls,
+    )
+    if decoded is None:
+        return None
+    advance(tiles.shape[0] - done)  # the tiles other ranks decoded
+    return tiling.stitch(decoded.split(z.shape[0]), tiles_plan)
+
+
+def _layer_major(
+    model: H3VideoDecoder,
+    ops: SimpleNamespace,
+    parts: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    advance: Callable[[int], None],
+) -> None:
+    """`model(parts[k], ops, outs[k])` for every k, block by block instead of call by call: every part's
+    residual stream stays on the device while each block's weights are brought in once (offload="blocks").
+    The same GEMM shapes as the calls one by one, so the same values bit for bit. advance(n) is called as a
+    part of n tiles finishes."""
+    vit, streamer = model.decoder, model.streamer()
+    shape = tuple(parts[0].shape[2:])
+    streamer.prefetch(0)
+    streamer.prefetch(1)
+    rotary = vit.rotary(*shape)
+    states = [vit.embed(model.post_quant(part), ops) for part in parts]
+    for i in range(len(vit.transformer_blocks)):
+        with streamer.on_device(i):
+            for k, (residual, normed) in enumerate(states):
+                states[k] = vit.block(i, residual, normed, rotary, ops)
+    for k, out in enumerate(outs):
+        vit.head(states[k][0], shape, ops, out)
+        states[k] = None  # its memory goes to the next part's head
+        advance(out.shape[0])

@@ -21,9 +21,10 @@ from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from .config import ConfigError, H3DecoderConfig
+from .decoding import H3VideoDecoder
 from .loading import CheckpointError, checkpoint_in_memory
-from .model import H3VideoDecoder
-from .runtime import Runtime
+from .runtime import DecodeOptions
+from .tiling import Tiling
 
 
 class SwapError(ValueError):
@@ -42,7 +43,6 @@ class SwappedDecoder(nn.Module):
     def __init__(self, h3: H3VideoDecoder, stock_dtype: torch.dtype):
         super().__init__()
         object.__setattr__(self, "h3", h3)  # not registered: see the class docstring
-        self.base_config = h3.config  # tiling is re-derived from this and the VAE's switches per decode
         self.register_buffer("dtype_marker", torch.empty(0, dtype=stock_dtype, device=h3.device), persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -55,29 +55,25 @@ class SwappedDecoder(nn.Module):
         raise RuntimeError("the swapped MiniMax-H3 decoder runs through vae.decode(z), not vae.decoder(...)")
 
 
-def swap_decoder(
-    target,
-    *,
-    dtype: torch.dtype | str | None = None,
-    fused: bool | None = None,
-    tile_batch: int | None = None,
-    **runtime_options,
-):
+def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     """Make `target`'s MiniMax-H3 VAE decode with this package's decoder; returns `target`.
 
     target: an `AutoencoderKLMiniMaxH3`, or an object holding one as `.vae` (e.g. `MiniMaxH3ModularPipeline`).
-    dtype: our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
-    (default on CPU), whatever dtype the VAE was loaded in. fused, tile_batch and `runtime_options`
-    (`output_rank`, `attention_backends`) are `H3VideoDecoder` run settings (`decoder.runtime`).
+    The run options are a `DecodeOptions` or its fields as keywords, as for `H3VideoDecoder.from_pretrained`:
+    dtype is our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
+    (default on CPU), whatever dtype the VAE was loaded in; fused, tile_batch, offload, max_gpu_memory (GiB),
+    output_rank, attention_backends. The device is the stock decoder's, and the tiling follows the VAE's own
+    switches at each decode: giving either here is a SwapError (an `options.device` is replaced by the VAE's).
 
     Our decoder is built on the stock decoder's device from its tensors in memory; the stock decoder is then
     dropped, so its parameters are freed (both copies exist only while converting). Afterwards
     `vae.decode(z, return_dict=True)` takes denormalised latents (B, 24, T, h, w) and returns a
     `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is (B, 3, F, 16h, 16w) float32 in the
     same ImageNet-normalised space, on our decoder's device. It honours `vae.use_tiling`, `enable_tiling(...)`
-    and `disable_tiling()` at each call (a setting we cannot reproduce exactly raises `SwapError`), and also
-    decodes T = 1 and T = 2, which the stock VAE cannot. `vae.use_slicing` is not needed: `tile_batch`
-    bounds memory. `vae.state_dict()` no longer holds the decoder: save the VAE before swapping.
+    and `disable_tiling()` at each call, as that call's tiling (a setting we cannot reproduce exactly raises
+    `SwapError`), and also decodes T = 1 and T = 2, which the stock VAE cannot. `vae.use_slicing` is not
+    needed: `tile_batch` bounds memory. `vae.state_dict()` no longer holds the decoder: save the VAE before
+    swapping.
 
     Raises SwapError for a target holding no H3 VAE, a VAE already swapped, or a config this package
     cannot decode; the target is then left unchanged.
@@ -85,29 +81,30 @@ def swap_decoder(
     vae = _find_vae(target)
     if isinstance(vae.decoder, SwappedDecoder):
         raise SwapError("this VAE's decoder is already swapped for minimax_h3_vae's")
-    Runtime(tile_batch=tile_batch, **runtime_options)  # a bad run setting fails before the conversion
+    set_by_vae = sorted({"device", "tiling"} & set(fields)) + (["tiling"] if options and options.tiling else [])
+    if set_by_vae:
+        raise SwapError(
+            f"{', '.join(set_by_vae)}: set by the VAE (its device, and enable_tiling / disable_tiling at each decode)"
+        )
+    first = next(vae.decoder.parameters())
+    if first.is_meta:
+        raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before swapping")
+    if options is not None and fields:
+        raise SwapError(f"give either options= or the option fields {sorted(fields)}, not both")
+    options = (options or DecodeOptions(device=first.device, **fields)).replace(device=first.device)
     try:
         config = H3DecoderConfig.from_diffusers(dict(vae.config))
     except ConfigError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
-    first = next(vae.decoder.parameters())
-    if first.is_meta:
-        raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before swapping")
     stock_dtype = vae.dtype
     # Detached views of the stock tensors: converting reads them one by one, copying only what changes.
     stock = {**vae.decoder.state_dict(prefix="decoder."), **vae.post_quant_conv.state_dict(prefix="post_quant_conv.")}
     try:
         h3 = H3VideoDecoder.from_checkpoint(
-            checkpoint_in_memory(stock, config, "diffusers", "the VAE's decoder"),
-            device=first.device,
-            dtype=dtype,
-            fused=fused,
-            tile_batch=tile_batch,
+            checkpoint_in_memory(stock, config, "diffusers", "the VAE's decoder"), options
         )
     except CheckpointError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
-    for name, value in runtime_options.items():
-        setattr(h3.runtime, name, value)
     del stock, first
     vae.decoder = SwappedDecoder(h3, stock_dtype)
     vae.decode = types.MethodType(_decode, vae)
@@ -116,24 +113,23 @@ def swap_decoder(
 
 @apply_forward_hook  # lets accelerate's offload hooks move the VAE first, as for the stock decode
 def _decode(vae, z: torch.Tensor, return_dict: bool = True):
-    """The swapped `vae.decode` (see `swap_decoder`)."""
-    swapped = vae.decoder
-    swapped.h3.config = tile_config(vae, swapped.base_config, z.shape[-2], z.shape[-1])
-    video = swapped.h3.decode(z)
+    """The swapped `vae.decode` (see `swap_decoder`): the VAE's tiling switches are this call's tiling."""
+    h3 = vae.decoder.h3
+    video = h3.decode(z, tiling=vae_tiling(vae, h3.config.patch_size))
     return DecoderOutput(sample=video) if return_dict else (video,)
 
 
-def tile_config(vae, config: H3DecoderConfig, latent_height: int, latent_width: int) -> H3DecoderConfig:
-    """`config` with the tile plan of the VAE's tiling switches for latents of this size.
+def vae_tiling(vae, patch_size: int) -> Tiling:
+    """The `Tiling` of the VAE's switches.
 
     Untiled (`use_tiling` False), diffusers runs the decoder on the whole frame: that is one tile covering
     the frame. Tiled, diffusers' plan equals ours when the tile and overlap are the same for height and
     width, multiples of the patch size, with 0 < overlap < tile; other settings raise SwapError (diffusers
     decodes them with misaligned tiles, drops pixels at overlap 0, or never finishes planning).
     """
-    p = config.patch_size
+    p = patch_size
     if not vae.use_tiling:
-        return config.replace(tile_size=max(latent_height, latent_width) * p, tile_overlap_min=0)
+        return Tiling(size=None, overlap=0)
     size = (vae.tile_sample_min_height, vae.tile_sample_min_width)
     overlap = (vae.tile_sample_min_overlap_height, vae.tile_sample_min_overlap_width)
     if size[0] != size[1] or overlap[0] != overlap[1]:
@@ -146,7 +142,7 @@ def tile_config(vae, config: H3DecoderConfig, latent_height: int, latent_width: 
             f"enable_tiling with tile {size[0]} px and overlap {overlap[0]} px: both must be multiples of {p} px "
             "(one latent), with 0 < overlap < tile"
         )
-    return config.replace(tile_size=size[0], tile_overlap_min=overlap[0])
+    return Tiling(size=size[0], overlap=overlap[0])
 
 
 def _find_vae(target) -> AutoencoderKLMiniMaxH3:

@@ -1,15 +1,61 @@
-"""Tile-parallel decoding under torch.distributed: who decodes which tiles, and the gather.
+"""Tile-parallel decoding under torch.distributed: the process group, who decodes which tiles, the gather,
+and the ranks' agreement on failures.
 
-Every rank calls `decode` with the same latents. For each temporal chunk, `decode_shared` gives each rank a
+Every rank calls `decode` with the same latents. For each temporal window, `decode_shared` gives each rank a
 contiguous share of the tiles, lets it decode them, and gathers the decoded tiles in tile order, on every
 rank or only on the output rank. Without an initialised process group it is a plain loop on one process.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 from collections.abc import Callable
 
 import torch
+
+# A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def launched_world_size() -> int:
+    """The number of ranks a launcher (torchrun) started, from WORLD_SIZE; 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_process_group(cpu: bool) -> tuple[int, int, torch.device]:
+    """Join the launcher's process group: NCCL on the GPU of LOCAL_RANK, or gloo on the CPU when `cpu` is
+    set or there is no CUDA. Returns (rank, world size, this rank's device)."""
+    import torch.distributed as dist
+
+    use_cuda = not cpu and torch.cuda.is_available()
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def agree(report: tuple[int, str] | None, ranks: int) -> tuple[int, tuple[int, str]] | None:
+    """Every rank calls this at the same points with its failure report (exit code, line) or None; all learn
+    the first failing rank and its report, or None when none failed. One process: its own report."""
+    if ranks == 1:
+        return None if report is None else (0, report)
+    import torch.distributed as dist
+
+    reports = [None] * ranks
+    dist.all_gather_object(reports, report)
+    failed = [(rank, tuple(found)) for rank, found in enumerate(reports) if found is not None]
+    return failed[0] if failed else None
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -1,16 +1,19 @@
-"""The decoder's input: checking latents, undoing the pipeline's per-channel normalisation, saving them for
-the command line."""
+"""The decoder's input: checking latents, undoing the pipeline's per-channel normalisation, and the latents
+file of the command line (written by `save_latents`, read by `read_latents_header` and `read_latents`)."""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import H3DecoderConfig
+from .reader import read_header
 
 # Floating-point dtypes the decoder computes from (it upcasts to float32); float8 and complex are refused.
 LATENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -94,3 +97,82 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
     path = Path(os.fspath(path))
     save_file({"latents": latents.detach().float().cpu().contiguous()}, str(path), metadata=metadata)
     return path
+
+
+@dataclass(frozen=True)
+class LatentsFile:
+    """What the header of a latents file says, before any tensor data is read."""
+
+    path: Path
+    key: str
+    shape: tuple[int, ...]  # (C, T, h, w)
+    fps: float | None
+
+
+def check_latents_path(path: Path) -> None:
+    """ValueError unless `path` is an existing regular file."""
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give the latents .safetensors file")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: is not a regular file (a FIFO, socket or device); give a .safetensors file")
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+
+
+def read_latents_header(path: Path) -> LatentsFile:
+    """The latents' tensor name (`latents`, or the file's only tensor), shape and fps metadata, from the
+    header alone; ValueError naming the problem if the decoder cannot take them."""
+    check_latents_path(path)
+    try:
+        header = read_header(path)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: not a readable .safetensors file ({error})") from None
+    keys = list(header.tensors)
+    if "latents" in keys:
+        key = "latents"
+    elif len(keys) == 1:
+        key = keys[0]
+    else:
+        raise ValueError(f"{path}: no tensor named 'latents' among {keys[:8]}; name it 'latents'")
+    entry = header.tensors[key]
+    shape = entry.shape[1:] if len(entry.shape) == 5 and entry.shape[0] == 1 else entry.shape
+    if len(shape) != 4:
+        raise ValueError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got {shape}")
+    if min(shape) == 0:
+        raise ValueError(f"{path}: latents are empty: shape {shape}")
+    dtype = entry.torch_dtype
+    if dtype is None or not dtype.is_floating_point:
+        got = str(dtype).removeprefix("torch.") if dtype is not None else entry.dtype
+        raise ValueError(f"{path}: latents must be floating point, got {got}")
+    try:
+        check_dtype(dtype)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    fps = None
+    if "fps" in header.metadata:
+        try:
+            fps = float(header.metadata["fps"])
+        except ValueError:
+            fps = math.nan
+        if not (fps > 0 and math.isfinite(fps)):
+            raise ValueError(
+                f"{path}: metadata fps={header.metadata['fps']!r} is not a positive number; fix it or pass --fps"
+            )
+    return LatentsFile(path, key, shape, fps)
+
+
+def read_latents(source: LatentsFile) -> torch.Tensor:
+    """The latents (1, C, T, h, w) as float32; ValueError for an unreadable file, NaN or Inf."""
+    try:
+        with safe_open(str(source.path), framework="pt", device="cpu") as handle:
+            latents = handle.get_tensor(source.key)
+    except Exception as error:  # safetensors' own error types; their text says what is wrong
+        raise ValueError(f"{source.path}: not a readable .safetensors file ({error})") from None
+    latents = latents.reshape(1, *source.shape)
+    try:
+        check_latents(latents, channels=None)
+    except ValueError as error:
+        raise ValueError(f"{source.path}: {error}") from None
+    return latents.float()

@@ -8,6 +8,9 @@ Three layouts hold the same weights:
 - ComfyUI single file: original key names, fp16 matrices, no config (the released architecture, with the
   block count and width read off the tensors).
 Only decoder tensors and `post_quant_conv` are read; the encoder is skipped without being read.
+
+`load_weights` is the load policy: where each tensor goes (the device, or pinned host memory for streamed
+block linears), its dtype, and the libraries' one-time set-up in a thread while the weights load.
 """
 
 from __future__ import annotations
@@ -15,15 +18,23 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
+from .blocks import EAGER_OPS, attention_backends
+
 from .config import ConfigError, H3DecoderConfig
-from .reader import DeviceReader
+from .model import H3Decoder, is_block_linear
+from .reader import DeviceReader, read_header
+from .runtime import Runtime
+from .tiling import Tiling
 
 DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
 ORIGINAL_SUBFOLDERS = ("FL2VA/video_vae", "Ref2VA/video_vae", "video_vae")
@@ -88,6 +99,7 @@ class Checkpoint:
     shapes: dict[str, tuple[int, ...]]  # stored key -> shape, from the file headers
     origin: str  # what the user gave, for messages
     in_memory: dict[str, torch.Tensor] | None = None  # stored key -> tensor, for a checkpoint held in memory
+    tiling: Tiling = Tiling()  # the tiling it was released with: the run default (original: its config.json)
 
     def sources(self, key: str) -> tuple[tuple[str, ...], Callable | None]:
         return diffusers_sources(key) if self.layout == "diffusers" else ((key,), None)
@@ -256,31 +268,17 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
         if not path.is_file():
             raise CheckpointError(f"{origin}: missing weights file {path}")
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for key in handle.keys():
-                    where[key] = path
-                    shapes[key] = tuple(handle.get_slice(key).get_shape())
-        except CheckpointError:
-            raise
-        except Exception as error:
+            header = read_header(path)
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot read it ({error.strerror})") from None
+        except ValueError as error:
             raise CheckpointError(
                 f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
             ) from None
-        size, needed = path.stat().st_size, _data_end(path)
-        if size < needed:
-            raise CheckpointError(
-                f"{path}: file is truncated ({size} bytes, its header describes {needed}): download it again"
-            )
+        for key, entry in header.tensors.items():
+            where[key] = path
+            shapes[key] = entry.shape
     return where, shapes
-
-
-def _data_end(path: Path) -> int:
-    """Bytes a safetensors file must have: 8 + header + the largest tensor end offset."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return 8 + header_len + max(ends, default=0)
 
 
 def _open_original(folder: Path, origin: str) -> Checkpoint:
@@ -299,9 +297,13 @@ def _open_original(folder: Path, origin: str) -> Checkpoint:
         config = H3DecoderConfig.from_original(wrapper, model)
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
+    try:
+        tiling = Tiling(wrapper.get("vae_tile_size", 256), wrapper.get("vae_tile_overlap_min", 64)).check(config)
+    except ValueError as error:
+        raise CheckpointError(f"{origin}: {folder / 'config.json'}: {error}") from None
     where, shapes = _headers([weights], origin)
     _check_against_tensors(config, shapes, "original", origin)
-    return Checkpoint("original", config, where, shapes, origin)
+    return Checkpoint("original", config, where, shapes, origin, tiling=tiling)
 
 
 def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
@@ -431,3 +433,81 @@ def _hub_reachable(endpoint: str) -> bool:
     except Exception:  # any transport error (DNS, refused, timeout, TLS): the hub cannot be reached
         return False
     return True
+
+
+# ---- the load policy ------------------------------------------------------------------------------------
+
+
+def load_weights(
+    model: H3Decoder, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, runtime: Runtime
+) -> SimpleNamespace | None:
+    """Fill `model` (built on the meta device) with the checkpoint's weights, each read straight to where it
+    will live: block linears in `dtype` on the device, or with `runtime.offload == "blocks"` in pinned host
+    memory; everything else float32 on the device (casts happen there: the same rounding as on the host).
+
+    On CUDA the libraries' one-time set-up (`LibrarySetUp`) runs in a thread meanwhile; returns the ops it
+    selected for `runtime.fused`, or None (CPU, or a failed set-up: the first decode then selects them).
+    """
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    streamed = runtime.offload == "blocks"
+    linear_home = torch.device("cpu") if streamed else device
+    pin = streamed and device.type == "cuda"
+    host_keys = {key for key in expected if is_block_linear(key)} if streamed else set()
+    set_up = LibrarySetUp(model.config, device, dtype, runtime) if device.type == "cuda" else None
+    state_dict = {}
+    for key, tensor in checkpoint.tensors(expected, device, host_keys):
+        if is_block_linear(key):
+            tensor = tensor.to(device=linear_home, dtype=dtype)
+            state_dict[key] = tensor.pin_memory() if pin and not tensor.is_pinned() else tensor
+        else:
+            state_dict[key] = tensor.to(device=device, dtype=torch.float32)
+    ops = set_up.join() if set_up is not None else None  # (after a failed load it just ends by itself)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    return ops
+
+
+class LibrarySetUp:
+    """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
+    load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
+    0.5 s on an H200), and cuBLAS, cuDNN and the attention backends each get one small call (about 0.3 s of
+    library loading and handles). Everything runs on two zero tokens; nothing here touches the model.
+
+    `join()` returns the selected ops (the model keeps them, so they are selected once), or None when the
+    set-up failed: it is only a head start, and the first decode then meets any real problem itself.
+    """
+
+    def __init__(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime):
+        self.ops: SimpleNamespace | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(config, device, dtype, runtime), name="library-set-up", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime) -> None:
+        c = config
+        try:
+            with torch.cuda.device(device), torch.inference_mode():
+                if runtime.fused:
+                    from . import fused
+
+                    ops = fused.select_ops(c, device, dtype)
+                    fused.warm_up(ops, c, device, dtype)
+                else:
+                    ops = EAGER_OPS
+                tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)
+                F.linear(tokens, torch.zeros(c.dim, c.dim, device=device, dtype=dtype))
+                channels = c.latent_channels
+                kernel = torch.zeros(channels, channels, 1, 1, 1, device=device)
+                F.conv3d(torch.zeros(1, channels, 1, 2, 2, device=device), kernel)
+                with attention_backends(runtime.attention_backends):
+                    q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
+                    F.scaled_dot_product_attention(q, q, q)
+                torch.cuda.synchronize(device)
+            self.ops = ops
+        except Exception:  # only a head start: the first decode meets the same problem and reports it
+            pass
+
+    def join(self) -> SimpleNamespace | None:
+        self.thread.join()
+        return self.ops

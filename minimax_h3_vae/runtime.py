@@ -1,9 +1,14 @@
-"""How a loaded decoder runs, as opposed to what it is.
+"""Run options: what a user asks for at any door, checked and converted in this one place.
 
-`H3DecoderConfig` (config.py) is frozen and describes the checkpoint. `Runtime` holds this process's
-choices for running it: the fused or eager ops, tiles per decoder call, which rank receives the output
-under torch.distributed, and the attention backends. The resolvers below turn user-facing arguments
-(device, dtype, the MINIMAX_H3_VAE_FUSED variable) into those choices, with one clear error each.
+`H3DecoderConfig` (config.py) is frozen and describes the checkpoint. How this process runs it is chosen by
+the user as `DecodeOptions` (the same fields and units at every door: `from_pretrained`, the command,
+`swap_decoder`, the ComfyUI nodes) and resolved here, once, into a `Runtime`: the frozen run settings a
+decoder holds and every decode reads. A per-call change (`decode(z, tile_batch=...)`) resolves into a new
+`Runtime` for that call alone; nothing a call does changes what another call sees.
+
+    options = DecodeOptions(device="cuda", max_gpu_memory=8)   # checked now: types, ranges, the machine
+    runtime = resolve(options, config)                          # converted: bytes, offload choice, tiling
+    runtime = resolve_call(runtime, config, tile_batch=4)       # one call's settings
 """
 
 from __future__ import annotations
@@ -15,49 +20,133 @@ from dataclasses import dataclass
 
 import torch
 
+from . import memory
+from .config import H3DecoderConfig
+from .tiling import Tiling
+
 # SDPA backends in order of preference (names of torch.nn.attention.SDPBackend): cuDNN is the fastest on
 # Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
 ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-
+OFFLOAD_MODES = ("none", "blocks")
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
 GIB = 2**30
+# The largest GPU memory budget taken, in GiB: far above any card, small enough that bytes stay exact.
+MAX_GPU_MEMORY_GIB = 2**20
+# The options a decode call may change; the others place the weights and are fixed at load.
+CALL_OPTIONS = ("fused", "tile_batch", "tiling", "output_rank", "attention_backends")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
-    """Per-model run settings; every assignment is validated, so a bad value fails where it is set.
+    """The run settings a decoder holds, resolved (see the module docstring); frozen.
 
-    fused: run the Triton kernels of `minimax_h3_vae.fused` (the model picks its ops from this once).
-    tile_batch: tiles per decoder call, an int >= 1; None chooses from free memory.
-    output_rank: under torch.distributed, the one rank that receives the decoded video (None: every rank).
-    attention_backends: SDPA backend names, most preferred first.
-    offload: "none" (every weight on the device) or "blocks" (block linears in host memory, streamed to the
-    device one block at a time, the decode layer-major over each chunk's tiles). Fixed at load.
-    max_gpu_memory: bytes the decoder may hold on the GPU, weights included (None: what is free); the
-    automatic tile batch plans within it.
+    fused: the Triton kernels of `minimax_h3_vae.fused` (None, for a decoder built directly: on when it sits
+    on CUDA and Triton imports). tile_batch: tiles per decoder call (None: as many as fit). tiling: the
+    spatial tile geometry. output_rank: under torch.distributed, the one rank that receives the video (None:
+    every rank). attention_backends: SDPA backend names, most preferred first. offload: "none" (every weight
+    on the device) or "blocks" (block linears in host memory, streamed, layer-major). max_gpu_memory: bytes
+    the decoder may hold on the GPU, weights included (None: what is free).
     """
 
-    fused: bool = False
+    fused: bool | None = None
     tile_batch: int | None = None
+    tiling: Tiling = Tiling()
     output_rank: int | None = None
     attention_backends: tuple[str, ...] = ATTENTION_BACKENDS
     offload: str = "none"
     max_gpu_memory: int | None = None
 
-    def __setattr__(self, name: str, value) -> None:
-        super().__setattr__(name, _VALIDATORS[name](value))
 
-    def replace(self, **changes) -> Runtime:
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What a user asks for, in the user's units, the same at every door. Each field is checked when the
+    object is made (before any checkpoint is opened); `resolve` converts it against the checkpoint.
+
+    device: "cpu", "cuda", "cuda:N" (None: CUDA when available). dtype: "fp32" / torch.float32 or "fp16" /
+    torch.float16, the release's recipe (None: fp16 on CUDA, else fp32). fused: True / False (None: the
+    MINIMAX_H3_VAE_FUSED variable, else on for CUDA when Triton imports). tile_batch: tiles per decoder call
+    (None: as many as fit). offload: "auto", "none" or "blocks". max_gpu_memory: GiB the decoder may hold on
+    the GPU, weights included (None: what is free). tiling: a `Tiling` (None: the release's 256 / 64 px).
+    output_rank: the one rank that receives the video under torch.distributed (None: every rank).
+    attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS).
+    """
+
+    device: str | torch.device | None = None
+    dtype: torch.dtype | str | None = None
+    fused: bool | None = None
+    tile_batch: int | None = None
+    offload: str = "auto"
+    max_gpu_memory: float | None = None
+    tiling: Tiling | None = None
+    output_rank: int | None = None
+    attention_backends: tuple[str, ...] | str | None = None
+
+    def __post_init__(self):
+        device = resolve_device(self.device)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, device))
+        object.__setattr__(self, "fused", resolve_fused(self.fused, device))
+        for name in ("tile_batch", "tiling", "output_rank", "attention_backends"):
+            object.__setattr__(self, name, _CHECKS[name](getattr(self, name)))
+        if self.offload not in ("auto", *OFFLOAD_MODES):
+            raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
+        _check_gib(self.max_gpu_memory)
+
+    def replace(self, **changes) -> DecodeOptions:
         return dataclasses.replace(self, **changes)
+
+
+def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Tiling = Tiling()) -> Runtime:
+    """The run settings of `options` for a checkpoint of `config`: GiB -> bytes, the tiling (else the
+    checkpoint's `default_tiling`) checked against the patch size, and offload="auto" decided by the memory
+    plan (memory.choose_offload) from the checkpoint's sizes and the device's free memory."""
+    cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)
+    tiling = (options.tiling or default_tiling).check(config)
+    offload = options.offload
+    if offload == "auto":
+        offload = memory.choose_offload(config, options.dtype, options.device, tiling, cap)
+    return Runtime(
+        fused=options.fused,
+        tile_batch=options.tile_batch,
+        tiling=tiling,
+        output_rank=options.output_rank,
+        attention_backends=options.attention_backends or ATTENTION_BACKENDS,
+        offload=offload,
+        max_gpu_memory=cap,
+    )
+
+
+def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtime:
+    """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it. None means what it
+    means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank); tiling and
+    attention_backends need a value. The options that place the weights (device, dtype, offload,
+    max_gpu_memory) are fixed at load: asking for them here is a ValueError."""
+    fixed = sorted(set(changes) - set(CALL_OPTIONS))
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)}: fixed when the decoder is loaded; give it to from_pretrained")
+    for name in ("tiling", "attention_backends"):
+        if name in changes and changes[name] is None:
+            raise ValueError(f"{name}=None: give a value (the decoder's is {getattr(runtime, name)!r})")
+    checked = {name: _CHECKS[name](value) for name, value in changes.items()}
+    if "tiling" in checked:
+        checked["tiling"].check(config)
+    return dataclasses.replace(runtime, **checked) if checked else runtime
+
+
+# ---- one check per option ------------------------------------------------------------------------------
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_fused(value) -> bool:
-    if not isinstance(value, bool):
+def _check_fused(value) -> bool | None:
+    if value is not None and not isinstance(value, bool):
         raise ValueError(f"fused must be True or False, got {value!r}")
+    if value and importlib.util.find_spec("triton") is None:
+        raise ValueError(
+            f"the fused path needs Triton (pip install triton); or ask for the eager path with fused=False / {FUSED_ENV}=0"
+        )
     return value
 
 
@@ -67,44 +156,46 @@ def _check_tile_batch(value) -> int | None:
     return value
 
 
+def _check_tiling(value) -> Tiling | None:
+    if value is not None and not isinstance(value, Tiling):
+        raise ValueError(f"tiling must be a minimax_h3_vae.Tiling(size, overlap) in pixels, or None; got {value!r}")
+    return value
+
+
 def _check_output_rank(value) -> int | None:
     if value is not None and not (_is_int(value) and value >= 0):
         raise ValueError(f"output_rank must be a rank number >= 0 (or None for every rank), got {value!r}")
     return value
 
 
-def _check_backends(value) -> tuple[str, ...]:
+def _check_backends(value) -> tuple[str, ...] | None:
+    if value is None:
+        return None
     from torch.nn.attention import SDPBackend
 
-    names = (value,) if isinstance(value, str) else tuple(value)
-    unknown = [name for name in names if not hasattr(SDPBackend, str(name))]
+    names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else ()
+    unknown = [name for name in names if not (isinstance(name, str) and hasattr(SDPBackend, name))]
     if not names or unknown:
         raise ValueError(f"attention_backends must name SDPBackend members (e.g. {ATTENTION_BACKENDS}), got {value!r}")
     return names
 
 
-def _check_offload(value) -> str:
-    if value not in OFFLOAD_MODES:
-        raise ValueError(f"offload must be one of {OFFLOAD_MODES}, got {value!r}")
-    return value
+def _check_gib(value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_GPU_MEMORY_GIB:
+        raise ValueError(f"max_gpu_memory must be a number of GiB in (0, {MAX_GPU_MEMORY_GIB}], got {value!r}")
+    if int(value * GIB) < 1:
+        raise ValueError(f"max_gpu_memory {value!r} GiB is less than one byte")
 
 
-def _check_max_gpu_memory(value) -> int | None:
-    if value is not None and not (_is_int(value) and value > 0):
-        raise ValueError(f"max_gpu_memory must be a positive number of bytes (or None), got {value!r}")
-    return value
-
-
-_VALIDATORS = {
+_CHECKS = {
     "fused": _check_fused,
     "tile_batch": _check_tile_batch,
+    "tiling": _check_tiling,
     "output_rank": _check_output_rank,
     "attention_backends": _check_backends,
-    "offload": _check_offload,
-    "max_gpu_memory": _check_max_gpu_memory,
 }
-
-OFFLOAD_MODES = ("none", "blocks")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -138,46 +229,10 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
 
 def resolve_fused(fused: bool | None, device: torch.device) -> bool:
     """Explicit argument, else MINIMAX_H3_VAE_FUSED=0|1, else on for CUDA when Triton is importable."""
-    has_triton = importlib.util.find_spec("triton") is not None
     if fused is None:
         env = os.environ.get(FUSED_ENV, "").strip()
         if env and env not in ("0", "1"):
             raise ValueError(f"{FUSED_ENV}={env!r}: set it to 0 or 1")
-        fused = env == "1" if env else device.type == "cuda" and has_triton
-    fused = _check_fused(fused)
-    if fused and not has_triton:
-        raise ValueError(
-            "the fused path needs Triton (pip install triton); "
-            f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
-        )
-    return fused
+        fused = env == "1" if env else device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    return bool(_check_fused(fused))
 
-
-def resolve_max_gpu_memory(gib: float | None) -> int | None:
-    """`max_gpu_memory` in GiB, as users give it -> bytes."""
-    if gib is None:
-        return None
-    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0 or gib == float("inf"):
-        raise ValueError(f"max_gpu_memory must be a positive number of GiB, got {gib!r}")
-    return int(gib * GIB)
-
-
-def check_offload_choice(offload) -> None:
-    """What users may ask for: a mode of OFFLOAD_MODES, or "auto"."""
-    if offload not in ("auto", *OFFLOAD_MODES):
-        raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {offload!r}")
-
-
-def resolve_offload(
-    offload: str, device: torch.device, resident_bytes: int, reserve_bytes: int, max_gpu_memory: int | None
-) -> str:
-    """ "none" / "blocks" as asked, or for "auto": resident when the weights plus a working reserve (one chunk
-    of a 1344x768 decode at one tile per call) fit in `max_gpu_memory`, else in the free GPU memory; else
-    "blocks". On the CPU, "auto" is "none"."""
-    check_offload_choice(offload)
-    if offload != "auto":
-        return offload
-    if device.type != "cuda":
-        return "none"
-    budget = max_gpu_memory if max_gpu_memory is not None else torch.cuda.mem_get_info(device)[0]
-    return "none" if resident_bytes + reserve_bytes <= budget else "blocks"

@@ -1,6 +1,6 @@
 """Spatial tiling and temporal chunking, as released: pure functions over plans and tensors.
 
-Spatial: tiles of 256 px with at least 64 px overlap, tile-local positions, composed in row-major order by
+Spatial: tiles of 256 px with at least 64 px overlap (the release's geometry; a run option, `Tiling`), tile-local positions, composed in row-major order by
 blending each tile with the RAW tiles above and to its left, then cropping its trailing overlaps.
 Temporal: chunks of 7 latent frames advancing by 5; each yields 17 new pixel frames and 5 that are
 cross-faded into the next chunk's first 5. docs/decoder.md (sections 5 and 6) states both rules.
@@ -14,6 +14,44 @@ from dataclasses import dataclass
 import torch
 
 from .config import H3DecoderConfig
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """The spatial tile geometry, in pixels: tiles of `size` with at least `overlap` between neighbours (the
+    release: 256 / 64). `size=None` is one tile covering the whole frame (diffusers' `disable_tiling()`).
+    Both must be multiples of the checkpoint's patch size (`check`)."""
+
+    size: int | None = 256
+    overlap: int = 64
+
+    def __post_init__(self):
+        if self.size is not None and not (_is_int(self.size) and 1 <= self.size <= MAX_PIXELS):
+            raise ValueError(f"tiling size must be a whole number of pixels >= 1 (or None: untiled), got {self.size!r}")
+        if not (_is_int(self.overlap) and 0 <= self.overlap <= MAX_PIXELS):
+            raise ValueError(f"tiling overlap must be a whole number of pixels >= 0, got {self.overlap!r}")
+        if self.size is None and self.overlap:
+            raise ValueError("an untiled plan (size None) has no overlap: give overlap=0")
+        if self.size is not None and self.overlap >= self.size:
+            raise ValueError(f"tiling overlap {self.overlap} px must be smaller than the tile size {self.size} px")
+
+    def check(self, config: H3DecoderConfig) -> Tiling:
+        """self, if its pixels fall on the latent grid of `config`; else ValueError."""
+        p = config.patch_size
+        if (self.size or 0) % p or self.overlap % p:
+            raise ValueError(
+                f"tiling {self.size}/{self.overlap} px: tile size and overlap must be multiples of the patch size "
+                f"({p} px, one latent)"
+            )
+        return self
+
+
+# Larger than any frame: a bound on tile sizes, so that no plan is sized by an absurd number.
+MAX_PIXELS = 2**20
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -76,13 +114,12 @@ class TilePlan:
         ]
 
 
-def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig) -> TilePlan:
+def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig, tiling: Tiling = Tiling()) -> TilePlan:
+    """The tiles of a frame of latent size (h, w) with the geometry `tiling` (untiled: one tile)."""
     p = config.patch_size
-    return TilePlan(
-        plan_axis(latent_height * p, config.tile_size, config.tile_overlap_min, p),
-        plan_axis(latent_width * p, config.tile_size, config.tile_overlap_min, p),
-        p,
-    )
+    height, width = latent_height * p, latent_width * p
+    size = tiling.size if tiling.size is not None else max(height, width)
+    return TilePlan(plan_axis(height, size, tiling.overlap, p), plan_axis(width, size, tiling.overlap, p), p)
 
 
 def blend(old: torch.Tensor, new_head: torch.Tensor, extent: int, dim: int) -> torch.Tensor:
@@ -191,17 +228,18 @@ def chunk_spans(window: int, config: H3DecoderConfig) -> tuple[tuple[int, int], 
 
 
 def join_chunks(clips: Iterable[torch.Tensor], plan: ChunkPlan, config: H3DecoderConfig) -> Iterator[torch.Tensor]:
-    """The video's frames, in order, from the decoded windows of `plan` (one (..., 4 * window, H, W) clip per
-    start, frames on dim 2), cut and cross-faded as released; yields views of the clips, cut to
-    `plan.out_frames` frames in all.
+    """The video's frames, one chunk per decoded window of `plan` (one (..., 4 * window, H, W) clip per start,
+    frames on dim 2), cut and cross-faded as released: `plan.out_frames` frames in all.
 
     Each clip gives its body frames; its tail frames are held back and cross-faded into the next clip's first
-    `frame_overlap` frames; the last clip's tail is appended as it is.
+    `frame_overlap` frames; the last clip's tail is appended to its body. Exactly one chunk per window, so a
+    consumer can pair each chunk with its window (the ranks of a distributed decode do). Chunks are views of
+    the clips, except the last, which is a new tensor when it takes a tail.
     """
     (body_start, body_end), (tail_start, tail_end) = chunk_spans(plan.window, config)
     remaining = plan.out_frames
     held = None
-    for clip in clips:
+    for index, clip in enumerate(clips):
         body = clip[:, :, body_start:body_end]
         if held is not None:
             extent = config.frame_overlap
@@ -210,8 +248,8 @@ def join_chunks(clips: Iterable[torch.Tensor], plan: ChunkPlan, config: H3Decode
         held = clip[:, :, tail_start:tail_end].clone() if tail_end > tail_start else None
         emit = body[:, :, :remaining]
         remaining -= emit.shape[2]
-        if emit.shape[2]:
-            yield emit
+        if index == len(plan.starts) - 1 and held is not None and remaining > 0:
+            emit = torch.cat([emit, held[:, :, :remaining]], dim=2)
+            remaining = 0
+        yield emit
         del clip, body, emit
-    if held is not None and remaining > 0:
-        yield held[:, :, :remaining]

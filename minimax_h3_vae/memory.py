@@ -1,0 +1,222 @@
+"""The one memory plan: what a decode holds, from shapes alone, before anything is allocated.
+
+Three decisions read it, so they always agree:
+- the preflight (`check_fits`): a clip that cannot fit is refused in a second, with the sizes;
+- offload="auto" (`choose_offload`): the weights stay on the GPU only if they and one window fit;
+- the automatic tile batch (`auto_tile_batch`): as many tiles per call as the rest of the budget takes.
+
+The plan counts the large buffers (small ones are noise), by what holds them:
+- weights on the device: all of them, or with offload="blocks" all but the block linears plus the two
+  slots they stream through;
+- the latents on the device (padded); per temporal window the latent tiles, the decoded tiles and the
+  stitched frames of this window and the previous one (the cross-fade holds its tail);
+- one decoder call's activations (`tile_bytes` per tile), and with offload="blocks" every tile's residual
+  stream and normed input, which stay on the device through the layer-major loop;
+- the float32 copies that `to_uint8_frames` makes of one chunk;
+- on the host: the latents as read, denormalised and padded (three float32 copies), and the uint8 frames
+  on their way to the writer (the chunk being converted, two queued, one being written).
+On the CPU the device is the host: every count lands in `host`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import H3DecoderConfig
+from .tiling import Tiling, plan_chunks, plan_tiles
+
+F32 = 4
+# With offload="blocks" the automatic tile batch stops at 4: on the H200, 4 tiles per call run within ~5% of
+# 28 (benchmarks/RESULTS.md), and the small batch is what keeps the streamed decode's memory small.
+STREAMED_TILE_BATCH = 4
+# offload="auto" keeps the weights resident only if one window of this size (the release's 1344x768, latent
+# 48 x 84) fits beside them at one tile per call.
+RESERVE_LATENTS = (48, 84)
+# The automatic tile batch on CUDA plans within this share of the free memory (the allocator's slack).
+FREE_SHARE = 0.8
+
+
+def weight_bytes(config: H3DecoderConfig, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes of the block linears, held in `dtype`; bytes of everything else, held in float32), counted from
+    the config (tests/test_memory.py checks the count against the modules' own state dict)."""
+    c = config
+    d, f, element = c.dim, c.ffn_dim, torch.finfo(dtype).bits // 8
+    linears = (3 * d * d + 3 * d) + (d * d + d) + (2 * f * d + 2 * f) + (f * d + d)
+    others = 4 * d * c.num_layers  # per block: norm1, scale1, norm2, scale2
+    others += c.latent_channels * (c.latent_channels + 1)  # post_quant_conv
+    others += d * (c.latent_channels + 1) + c.num_register_tokens * d + 2 * d  # x_embedder, registers, norm_out
+    others += c.patch_dim * (d + 1)  # proj_out
+    return linears * c.num_layers * element, others * F32
+
+
+def tile_bytes(config: H3DecoderConfig, element: int, tokens: int, device_type: str) -> int:
+    """A conservative count of one tile's live activations at the FFN's peak: w1's output and the gate in the
+    compute dtype (`element` bytes), the fp32 residual and its temporaries, the tile's fp32 pixels, and on the
+    CPU every head's (S, S) attention scores (the math attention materialises them)."""
+    c = config
+    per_token = (4 * c.ffn_dim + 12 * c.dim) * element + 12 * c.dim * F32 + 3 * c.patch_dim * F32
+    scores = c.num_heads * tokens * tokens * F32 if device_type == "cpu" else 0
+    return tokens * per_token + scores
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of one decode's large buffers (see the module docstring), by what holds them."""
+
+    weights: int  # weights held on the device, the streamed block linears excluded
+    streamed_slots: int  # offload="blocks": the two device slots the block linears stream through
+    latents: int  # the padded latents on the device
+    window: int  # one window: latent tiles, decoded tiles, its stitched frames and the previous one's
+    per_tile: int  # one tile's activations inside a decoder call
+    state_per_tile: int  # offload="blocks": one tile's residual stream and normed input, kept between blocks
+    tiles: int  # tiles per window, every video of the batch
+    tiles_per_call: int  # as planned: the tile batch, or 1 when it is automatic (it then adapts)
+    frames_out: int  # float32 copies `to_uint8_frames` makes of one chunk
+    host_latents: int  # host: the latents as read, denormalised and padded
+    host_frames: int  # host: uint8 frames in flight to the writer
+    on_cpu: bool
+
+    @property
+    def device(self) -> int:
+        """Bytes on the GPU (0 for a CPU decode: counted in `host`)."""
+        return 0 if self.on_cpu else self._work
+
+    @property
+    def host(self) -> int:
+        return self.host_latents + self.host_frames + (self._work if self.on_cpu else 0)
+
+    @property
+    def _work(self) -> int:
+        calls = self.tiles_per_call * self.per_tile + self.tiles * self.state_per_tile
+        return self.weights + self.streamed_slots + self.latents + self.window + calls + self.frames_out
+
+
+def plan(
+    config: H3DecoderConfig,
+    shape: tuple[int, int, int, int],
+    *,
+    dtype: torch.dtype,
+    device_type: str,
+    offload: str = "none",
+    tiling: Tiling = Tiling(),
+    tile_batch: int | None = None,
+    batch: int = 1,
+) -> MemoryPlan:
+    """The plan of decoding `batch` videos of latents `shape` (C, T, h, w) with a decoder of `config` whose
+    block linears are `dtype`, on a device of `device_type` ("cpu" or "cuda")."""
+    c = config
+    channels, frames, h, w = shape
+    chunks = plan_chunks(frames, c)
+    tiles = plan_tiles(h, w, c, tiling)
+    height, width = h * c.patch_size, w * c.patch_size
+    window_frames = chunks.window * c.patch_size_t
+    chunk_frames = c.chunk_latents * c.patch_size_t + c.frame_overlap
+    element = torch.finfo(dtype).bits // 8
+    count = batch * tiles.count
+
+    linears, others = weight_bytes(c, dtype)
+    streamed = offload == "blocks"
+    latents = batch * channels * max(frames, chunks.padded_frames) * h * w * F32
+    tile_h, tile_w = tiles.latent_tile_shape
+    tokens = chunks.window * tile_h * tile_w + c.num_register_tokens + 1
+    window = count * channels * chunks.window * tile_h * tile_w * F32  # latent tiles
+    window += count * c.out_channels * window_frames * tiles.rows.size * tiles.cols.size * F32  # decoded
+    window += 2 * batch * c.out_channels * window_frames * height * width * F32  # stitched, this and the last
+    return MemoryPlan(
+        weights=others if streamed else linears + others,
+        streamed_slots=2 * linears // c.num_layers if streamed else 0,
+        latents=latents,
+        window=window,
+        per_tile=tile_bytes(c, element, tokens, device_type),
+        state_per_tile=tokens * c.dim * (F32 + element) if streamed else 0,
+        tiles=count,
+        tiles_per_call=min(tile_batch or 1, count),
+        frames_out=2 * batch * c.out_channels * chunk_frames * height * width * F32,
+        host_latents=3 * latents,
+        host_frames=4 * chunk_frames * height * width * 3,
+        on_cpu=device_type == "cpu",
+    )
+
+
+def choose_offload(
+    config: H3DecoderConfig, dtype: torch.dtype, device: torch.device, tiling: Tiling, cap: int | None
+) -> str:
+    """offload="auto": "none" when the weights and one 1344x768 window at one tile per call fit in `cap`
+    bytes, or without a cap in the free GPU memory; else "blocks". On the CPU always "none"."""
+    if device.type != "cuda":
+        return "none"
+    reserve = plan(
+        config, (config.latent_channels, 1, *RESERVE_LATENTS), dtype=dtype, device_type="cuda", tiling=tiling
+    )
+    need = reserve.weights + reserve.window + reserve.per_tile
+    budget = cap if cap is not None else torch.cuda.mem_get_info(device)[0]
+    return "none" if need <= budget else "blocks"
+
+
+def auto_tile_batch(memory: MemoryPlan, tiles: int, device: torch.device, cap: int | None, held: int) -> int:
+    """Tiles per decoder call for this rank's `tiles` tiles of a window, when no tile batch is set.
+
+    CUDA: what fits in FREE_SHARE of the free memory and, with a `cap`, in the cap less `held` (the bytes the
+    decoder holds there: its weights and this window's buffers). CPU: half the available host memory. With
+    offload="blocks" every tile's residual stream stays on the device too, and the batch stops at
+    STREAMED_TILE_BATCH.
+    """
+    state = tiles * memory.state_per_tile
+    if device.type == "cuda":
+        budget = int(FREE_SHARE * torch.cuda.mem_get_info(device)[0]) - state
+        if cap is not None:
+            budget = min(budget, cap - held - state)
+    else:
+        host = available_host()
+        budget = (host if host is not None else 2**62) // 2 - state
+    batch = max(1, budget // memory.per_tile)
+    return min(batch, STREAMED_TILE_BATCH) if memory.state_per_tile else batch
+
+
+def available_host() -> int | None:
+    """Host memory this process may still use: MemAvailable, capped by a cgroup (container) limit."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            text = Path(limit).read_text().strip()
+            if text != "max" and int(text) < 2**60:
+                found.append(int(text) - int(Path(usage).read_text()))
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
+
+
+def check_fits(memory: MemoryPlan, device: torch.device, what: str, cap: int | None = None) -> None:
+    """ValueError naming the size and the limit when the plan does not fit in host memory or on the device
+    (its free memory, or `cap` bytes, the user's max_gpu_memory, if smaller)."""
+    on_device = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    if cap is not None and on_device is not None:
+        on_device = min(on_device, cap)
+    for need, have, where in (
+        (memory.host, available_host(), "host memory"),
+        (memory.device, on_device, f"memory on {device}"),
+    ):
+        if have is not None and need > have:
+            raise ValueError(
+                f"{what} needs about {format_size(need)} of {where}, {format_size(have)} is available; "
+                "decode a shorter clip or smaller frames, or use a larger machine"
+            )
+
+
+def format_size(count: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count / 2**10:.1f} KiB"
