@@ -148,8 +148,9 @@ def choose_offload(
     bytes, or without a cap in the free GPU memory; else "blocks". On the CPU always "none"."""
     if device.type != "cuda":
         return "none"
+    window = config.chunk_latents + config.chunk_overlap_latents
     reserve = plan(
-        config, (config.latent_channels, 1, *RESERVE_LATENTS), dtype=dtype, device_type="cuda", tiling=tiling
+        config, (config.latent_channels, window, *RESERVE_LATENTS), dtype=dtype, device_type="cuda", tiling=tiling
     )
     need = reserve.weights + reserve.window + reserve.per_tile
     budget = cap if cap is not None else torch.cuda.mem_get_info(device)[0]

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae import output
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"
@@ -453,8 +454,8 @@ def failing_stream(monkeypatch):
     real = H3VideoDecoder.decode_stream
     yielded = []
 
-    def decode_stream(self, z, progress=None):
-        stream = real(self, z, progress)
+    def decode_stream(self, z, progress=None, **options):
+        stream = real(self, z, progress, **options)
         chunk = next(stream)
         yielded.append(chunk.shape)
         yield chunk
@@ -468,7 +469,7 @@ def failing_stream(monkeypatch):
 def test_failure_during_decoding(cli, capsys, tmp_path, failing_stream, suffix):
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / f"video{suffix}"
-    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=7))  # two chunks
+    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=8))  # two chunks
     code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
     assert failing_stream == [(1, 3, 17, 32, 32)]  # the sink did get frames before the failure
     assert code == 1
@@ -489,7 +490,7 @@ def test_failure_during_decoding_keeps_existing_output(cli, capsys, tmp_path, fa
 
 
 def test_interrupt_during_decoding(cli, capsys, tmp_path, monkeypatch):
-    def decode_stream(self, z, progress=None):
+    def decode_stream(self, z, progress=None, **options):
         yield torch.zeros(1, 3, 5, 32, 32)
         raise KeyboardInterrupt
 
@@ -566,7 +567,7 @@ class RecordingSink:
 
 def test_writer_takes_host_frames_in_order():
     sink = RecordingSink()
-    writer = cli_module.BackgroundWriter(sink)
+    writer = output.BackgroundWriter(sink)
     chunks = [torch.randint(0, 256, (3, 4, 5, 3), dtype=torch.uint8) for _ in range(6)]
     for chunk in chunks:
         writer.put(chunk)
@@ -578,7 +579,7 @@ def test_writer_takes_host_frames_in_order():
 def test_writer_copies_cuda_frames_through_a_few_pinned_buffers():
     """CUDA chunks arrive in order and intact, through pinned buffers that are reused (depth + 2 at most)."""
     sink = RecordingSink()
-    writer = cli_module.BackgroundWriter(sink, depth=2)
+    writer = output.BackgroundWriter(sink, depth=2)
     chunks = [torch.randint(0, 256, (f, 64, 96, 3), dtype=torch.uint8, device="cuda") for f in (17, 17, 5) * 4]
     for chunk in chunks:
         writer.put(chunk)
@@ -593,7 +594,7 @@ def test_writer_does_not_wait_for_the_chunk_it_is_given():
     """`put` queues the copy of its chunk and waits only for the chunk before: with a second of GPU work
     queued ahead of the new chunk, it returns at once, and the copy is still pending."""
     sink = RecordingSink()
-    writer = cli_module.BackgroundWriter(sink)
+    writer = output.BackgroundWriter(sink)
     first = torch.full((2, 8, 8, 3), 7, dtype=torch.uint8, device="cuda")
     writer.put(first)
     torch.cuda._sleep(int(2e9))  # about a second of GPU time at H200 clocks, queued before the next chunk
@@ -620,7 +621,7 @@ def test_writer_error_reaches_the_caller_and_cancel_returns(device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     for finish in ("close", "cancel"):
-        writer = cli_module.BackgroundWriter(FailingSink(), depth=2)
+        writer = output.BackgroundWriter(FailingSink(), depth=2)
         chunks = [torch.full((3, 16, 16, 3), i, dtype=torch.uint8, device=device) for i in range(8)]
         if finish == "close":
             with pytest.raises(OSError, match="No space left"):

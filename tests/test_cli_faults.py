@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, loading, output, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae import latents as latents_module
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"
@@ -329,8 +330,8 @@ def test_safetensors_frames_reach_the_disk_while_decoding(capsys, tmp_path, monk
     real = H3VideoDecoder.decode_stream
     sizes = []
 
-    def decode_stream(self, z, progress=None):
-        chunks = list(real(self, z, progress))
+    def decode_stream(self, z, progress=None, **options):
+        chunks = list(real(self, z, progress, **options))
         yield from chunks[:-1]
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -361,7 +362,7 @@ def test_huge_latents_refused_from_the_header(capsys, tmp_path, monkeypatch):
     with open(path, "wb") as f:
         f.write(len(header).to_bytes(8, "little") + header)
         f.truncate(8 + len(header) + 4608000000)
-    monkeypatch.setattr(cli_module, "read_latents", lambda *a: pytest.fail("read the latents' data"))
+    monkeypatch.setattr(latents_module, "read_latents", lambda *a: pytest.fail("read the latents' data"))
     monkeypatch.setattr(H3VideoDecoder, "from_pretrained", lambda *a, **k: pytest.fail("loaded the model"))
     start = time.monotonic()
     code, err = run_cli(capsys, path, tmp_path / "v.safetensors")
@@ -474,7 +475,7 @@ CONTRACT = {
     "heads_negative": (_config(lambda c: c["vit_decoder_kwargs"].update(heads=-2)), "num_heads"),
     "rope_theta_text": (_config(lambda c: c["vit_decoder_kwargs"].update(rope_theta="big")), "rope_theta"),
     "latents_mean_number": (_wrapper(lambda w: {**w, "latents_mean": 3}), "latents_mean"),
-    "tile_overlap_too_big": (_wrapper(lambda w: {**w, "vae_tile_overlap_min": 256}), "tile overlap"),
+    "tile_overlap_too_big": (_wrapper(lambda w: {**w, "vae_tile_overlap_min": 256}), "tiling overlap"),
     "folder_as_input": (_folder_input, "is a folder"),
     "fifo_as_input": (_fifo_input, "not a regular file"),
 }

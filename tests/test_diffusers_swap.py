@@ -19,7 +19,7 @@ from diffusers import AutoencoderKL
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.modular_pipelines.minimax_h3.decoders import MiniMaxH3VideoDecodeStep
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Tiling
 from minimax_h3_vae.diffusers import SwapError, SwappedDecoder, swap_decoder
 from minimax_h3_vae.loading import checkpoint_in_memory
 
@@ -84,14 +84,7 @@ def test_swap_decodes_as_stock(stock, swapped, unswapped_ours, shape, tiling):
         # tile plan the switch stands for.
         with pytest.raises((ValueError, RuntimeError)), torch.no_grad():
             stock.decode(z)
-        config = unswapped_ours.config
-        unswapped_ours.config = config.replace(
-            **(dict(tile_size=plan[0], tile_overlap_min=plan[1]) if plan else dict(tile_size=16 * max(shape[1:])))
-        )
-        try:
-            expected = unswapped_ours.decode(z)
-        finally:
-            unswapped_ours.config = config
+        expected = unswapped_ours.decode(z, tiling=Tiling(*plan) if plan else Tiling(None, 0))
     else:
         with torch.no_grad():
             expected = stock.decode(z).sample

@@ -1,12 +1,14 @@
-"""Run settings (minimax_h3_vae.runtime): validated where they are set, resolved once at load."""
+"""Run options (minimax_h3_vae.runtime): checked once where they are given, resolved once, frozen after."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from minimax_h3_vae import H3VideoDecoder, Runtime
-from minimax_h3_vae.runtime import resolve_device, resolve_dtype
+from minimax_h3_vae import DecodeOptions, H3DecoderConfig, H3VideoDecoder, Runtime, Tiling
+from minimax_h3_vae.runtime import resolve, resolve_call, resolve_device, resolve_dtype
 
 # ---- fused flag ----------------------------------------------------------------------------------------
 
@@ -38,17 +40,33 @@ def test_fused_default_on_cpu_is_off(layouts, monkeypatch):
     assert H3VideoDecoder.from_pretrained(layouts["original"], device="cpu").runtime.fused is False
 
 
+def test_a_decoder_built_directly_follows_the_same_default(monkeypatch):
+    """Bug: Runtime() said fused=False while the resolver turns fused on for CUDA, so a decoder built
+    directly (as the benchmarks build it) ran eager. Now its fused=None is decided like every door's."""
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
+    model = H3VideoDecoder(H3DecoderConfig(num_layers=1, num_heads=2))
+    assert model.runtime.fused is None
+    assert model._ops_key(model.runtime)[0] is True
+    monkeypatch.delenv("MINIMAX_H3_VAE_FUSED")
+    on_cuda = torch.cuda.is_available()
+    assert model._ops_key(model.runtime)[0] is False, "on the CPU: eager"
+    if on_cuda:
+        assert model.to("cuda")._ops_key(model.runtime)[0] is True
+
+
 # ---- validation -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "4", True])
-def test_tile_batch_rejects_what_is_not_a_count(value):
+def test_tile_batch_rejects_what_is_not_a_count(value, layouts):
     with pytest.raises(ValueError, match="tile_batch"):
-        Runtime(tile_batch=value)
-    runtime = Runtime()
+        DecodeOptions(tile_batch=value)
+    model = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=2)
     with pytest.raises(ValueError, match="tile_batch"):
-        runtime.tile_batch = value
-    assert runtime.tile_batch is None
+        model.tile_batch = value
+    with pytest.raises(ValueError, match="tile_batch"):
+        model.decode(torch.zeros(1, 24, 1, 2, 2), tile_batch=value)
+    assert model.tile_batch == 2
 
 
 def test_tile_batch_through_the_model_and_from_pretrained(layouts):
@@ -56,8 +74,6 @@ def test_tile_batch_through_the_model_and_from_pretrained(layouts):
     assert model.tile_batch == model.runtime.tile_batch == 3
     model.tile_batch = None
     assert model.runtime.tile_batch is None
-    with pytest.raises(ValueError, match="tile_batch"):
-        model.tile_batch = 0
     with pytest.raises(ValueError, match="tile_batch"):
         H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=1.5)
 
@@ -70,17 +86,62 @@ def test_tile_batch_through_the_model_and_from_pretrained(layouts):
         ("fused", 1),
         ("attention_backends", ("NO_SUCH_BACKEND",)),
         ("attention_backends", ()),
+        ("tiling", (256, 64)),
     ],
 )
 def test_other_settings_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
-        Runtime(**{field: value})
+        DecodeOptions(**{field: value})
 
 
-def test_runtime_is_per_model(layouts):
+def test_runtime_is_frozen_and_per_model(layouts):
     a = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=2)
     b = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu")
-    assert a.runtime is not b.runtime and b.tile_batch is None
+    assert b.tile_batch is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.runtime.tile_batch = 5
+    with pytest.raises(AttributeError):
+        a.runtime = Runtime()
+
+
+@pytest.mark.parametrize(
+    "size, overlap, words",
+    [(0, 0, "size"), (256, 256, "smaller"), (256, -16, "overlap"), (None, 16, "no overlap"), (True, 0, "size")],
+)
+def test_tiling_is_checked(size, overlap, words):
+    with pytest.raises(ValueError, match=words):
+        Tiling(size, overlap)
+
+
+def test_tiling_on_the_latent_grid():
+    config = H3DecoderConfig()
+    assert Tiling(320, 80).check(config) == Tiling(320, 80)
+    with pytest.raises(ValueError, match="multiples of the patch size"):
+        Tiling(250, 64).check(config)
+    with pytest.raises(ValueError, match="multiples of the patch size"):
+        resolve(DecodeOptions(device="cpu", tiling=Tiling(256, 60)), config)
+
+
+def test_resolve_converts_once():
+    """GiB -> bytes, the checkpoint's tiling as the default, offload chosen (the CPU: resident)."""
+    options = DecodeOptions(device="cpu", max_gpu_memory=1.5, tile_batch=3)
+    runtime = resolve(options, H3DecoderConfig(), default_tiling=Tiling(512, 128))
+    assert runtime == Runtime(
+        fused=False, tile_batch=3, tiling=Tiling(512, 128), offload="none", max_gpu_memory=3 * 2**29
+    )
+
+
+def test_per_call_options_leave_the_decoder_alone():
+    config = H3DecoderConfig()
+    runtime = Runtime(fused=False, tile_batch=2)
+    changed = resolve_call(runtime, config, tile_batch=None, tiling=Tiling(None, 0), output_rank=1)
+    assert changed == Runtime(fused=False, tile_batch=None, tiling=Tiling(None, 0), output_rank=1)
+    assert runtime.tile_batch == 2
+    for fixed in ("device", "dtype", "offload", "max_gpu_memory"):
+        with pytest.raises(ValueError, match="fixed when the decoder is loaded"):
+            resolve_call(runtime, config, **{fixed: None})
+    with pytest.raises(ValueError, match="tiling=None"):
+        resolve_call(runtime, config, tiling=None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")

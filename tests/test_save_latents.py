@@ -9,16 +9,17 @@ from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, save_latents, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae.latents import read_latents, read_latents_header
 
 
 @pytest.mark.parametrize("batched", [False, True])
 def test_round_trip_through_the_cli_reader(tmp_path, batched):
     z = torch.randn(1, 24, 3, 2, 3, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     path = save_latents(tmp_path / "latents.safetensors", z if batched else z[0], fps=24)
-    header = cli_module.read_latents_header(path)
+    header = read_latents_header(path)
     assert header.fps == 24.0 and header.shape == tuple(z.shape[1:])
-    assert torch.equal(cli_module.read_latents(header), z.float())
-    assert cli_module.read_latents_header(save_latents(tmp_path / "no_fps.safetensors", z)).fps is None
+    assert torch.equal(read_latents(header), z.float())
+    assert read_latents_header(save_latents(tmp_path / "no_fps.safetensors", z)).fps is None
 
 
 def test_cli_decodes_the_saved_file(tmp_path, no_network, monkeypatch):
