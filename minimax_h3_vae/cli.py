@@ -303,21 +303,24 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
 
     start = time.perf_counter()
     writer = output.BackgroundWriter(sink)
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:  # made at the first report, which comes before the first tile: the total shows at once
+            bar = tqdm(total=total, unit="tile", desc="decoding", file=sys.stderr)
+        bar.update(done - bar.n)
+
     try:
-        with tqdm(total=None, unit="tile", desc="decoding", file=sys.stderr) as bar:
-
-            def progress(done: int, total: int) -> None:
-                if bar.total != total:
-                    bar.reset(total)
-                bar.update(done - bar.n)
-
-            for chunk in decoder.decode_stream(z.to(device), progress, output_rank=output_rank):
-                error = None
-                try:
-                    writer.put(to_uint8_frames(chunk))
-                except Exception as failure:
-                    error = failure
-                agree(error, ranks)
+        for chunk in decoder.decode_stream(z.to(device), progress, output_rank=output_rank):
+            error = None
+            try:
+                writer.put(to_uint8_frames(chunk))
+            except Exception as failure:
+                error = failure
+            agree(error, ranks)
+        if bar is not None:
+            bar.close()
         error = None
         try:
             writer.close()
@@ -326,6 +329,8 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
             error = failure
         agree(error, ranks)
     except BaseException:
+        if bar is not None:
+            bar.close()
         sink.discard()  # first: it stops ffmpeg, so a writer blocked on ffmpeg's pipe returns
         writer.cancel()
         sink.discard()

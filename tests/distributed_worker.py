@@ -3,6 +3,7 @@
 distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
 distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
 distributed_worker.py cli_same CHECKPOINT ARGS... runs the CLI, the same checkpoint on every rank
+distributed_worker.py cli_sweep CHECKPOINT DIR T...  the CLI's run once per T: DIR/in_T.safetensors -> out_T
 """
 
 import sys
@@ -44,7 +45,23 @@ def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
     return main([*args, "--model", checkpoint if rank == 0 or same else checkpoint + ".missing"])
 
 
+def cli_sweep(checkpoint: str, folder: Path, lengths: list[str]) -> None:
+    """The command's run (prepare, decode, the per-chunk agreement, write) once per clip length, in one
+    process group (a process group cannot be joined again reliably in one launch)."""
+    from minimax_h3_vae import cli
+
+    dist.init_process_group("gloo")
+    for length in lengths:
+        args = [folder / f"in_{length}.safetensors", folder / f"out_{length}.safetensors", "--model", checkpoint]
+        args = cli.parse_args([*map(str, args), "--device", "cpu", "--tile-batch", "1"])
+        cli.run(args, dist.get_rank(), dist.get_world_size(), None)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "cli_sweep":
+        cli_sweep(sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
+        sys.exit()
     if sys.argv[1] == "decode":
         decode(sys.argv[2], Path(sys.argv[3]))
     else:

@@ -130,6 +130,30 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
     assert "x 2 ranks" in result.stderr
 
 
+SWEEP_LENGTHS = (1, 2, 3, 7, 8, 12, 13)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_cli_under_torchrun_every_clip_length(tmp_path, ranks, one_thread):
+    """Bug: for most clip lengths (T = 7, 12, 72, ...) the output rank's stream yielded one chunk more than the
+    other ranks' (the held tail), so the command's per-chunk agreement stopped pairing up and gloo reset the
+    connection. Every rank now takes part in the same collectives for every T, and the file is the single
+    process's, bit for bit."""
+    for length in SWEEP_LENGTHS:
+        z = torch.randn(24, length, 1, 29, generator=torch.Generator().manual_seed(length))
+        save_file({"latents": z}, str(tmp_path / f"in_{length}.safetensors"))
+    result = torchrun("cli_sweep", TINY, tmp_path, *SWEEP_LENGTHS, ranks=ranks, timeout=480)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from minimax_h3_vae.cli import main
+
+    for length in SWEEP_LENGTHS:
+        single = tmp_path / f"single_{length}.safetensors"
+        args = [tmp_path / f"in_{length}.safetensors", single, "--model", TINY, "--device", "cpu", "--tile-batch", "1"]
+        assert main([str(a) for a in args]) == 0
+        spread = load_file(str(tmp_path / f"out_{length}.safetensors"))["video"]
+        assert torch.equal(spread, load_file(str(single))["video"]), f"T = {length}"
+
+
 def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
     """Rank 1 gets a missing checkpoint: both ranks exit 2 with rank 1's error, printed once (by rank 0),
     nothing is written, no hang."""
