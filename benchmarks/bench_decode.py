@@ -51,7 +51,7 @@ def stream_clip(model: H3VideoDecoder, tile_batch: int | None) -> dict:
 
     z = torch.randn(CLIP_SHAPE, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
     model.tile_batch = tile_batch
-    model.runtime.fused = _fused_available()
+    model.configure(fused=_fused_available())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     with ClockSampler() as clocks:
@@ -117,7 +117,7 @@ def main() -> None:
 
     def ours(fused: bool):
         def run():
-            fp16.runtime.fused = fused
+            fp16.configure(fused=fused)
             return fp16.decode(z)
 
         return run
@@ -144,8 +144,8 @@ def main() -> None:
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
 
         def eager_with_backend(backend=backend):
-            fp16.runtime.attention_backends = (backend.name,)
-            fp16.runtime.fused = False
+            fp16.configure(attention_backends=(backend.name,))
+            fp16.configure(fused=False)
             return fp16.decode(z)
 
         t = timed(eager_with_backend, args.repeats)
@@ -157,7 +157,7 @@ def main() -> None:
             **t.clocks,
         }
         print(backend.name, rows[f"ours eager fp16 {backend.name.lower()}"], flush=True)
-    fp16.runtime.attention_backends = ATTENTION_BACKENDS
+    fp16.configure(attention_backends=ATTENTION_BACKENDS)
     names = list(floor)
     info["results"]["noise floor (eager fp16, attention backends)"] = {
         f"{a} vs {b}": errors(floor[a], floor[b]) for i, a in enumerate(names) for b in names[i + 1 :]
@@ -178,7 +178,7 @@ def main() -> None:
         write_comfyui_checkpoint(fp16, Path(args.write_checkpoint))
 
     if args.profile:
-        fp16.runtime.fused = _fused_available()
+        fp16.configure(fused=_fused_available())
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fp16.decode(z)
             torch.cuda.synchronize()

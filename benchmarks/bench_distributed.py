@@ -44,7 +44,7 @@ def main() -> None:
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     model = random_released_decoder(device)
-    model.runtime.fused = True
+    model.configure(fused=True)
     model.tile_batch = args.tile_batch
     z = torch.randn(UNIT_SHAPE, device=device, generator=torch.Generator(device).manual_seed(1))
     result = {

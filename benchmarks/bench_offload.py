@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_decoder  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 
-from minimax_h3_vae import H3VideoDecoder, to_uint8_frames  # noqa: E402
+from minimax_h3_vae import H3VideoDecoder, decoding, to_uint8_frames  # noqa: E402
 
 GIB = 2**30
 
@@ -46,11 +46,11 @@ def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
     allocated (everything this process holds on the GPU: the model alone), the tiles per decoder call, a
     hash of the float output."""
     sizes = set()
-    layer_major, call = model.decode_tiles_layer_major, model.decode_tiles
-    model.decode_tiles_layer_major = lambda parts, outs, advance: (
-        sizes.update(p.shape[0] for p in parts) or layer_major(parts, outs, advance)
+    layer_major, call = decoding._layer_major, model.forward
+    decoding._layer_major = lambda model, ops, parts, outs, advance: (
+        sizes.update(p.shape[0] for p in parts) or layer_major(model, ops, parts, outs, advance)
     )
-    model.decode_tiles = lambda tiles, out=None: sizes.add(tiles.shape[0]) or call(tiles, out)
+    model.forward = lambda tiles, ops, out=None: sizes.add(tiles.shape[0]) or call(tiles, ops, out)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     digest = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -61,7 +61,8 @@ def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
             digest = digest * 1000003 + bit_hash(chunk)
             frames += to_uint8_frames(chunk).cpu().shape[0]
         seconds = time.perf_counter() - start
-    del model.decode_tiles_layer_major, model.decode_tiles
+    decoding._layer_major = layer_major
+    del model.forward
     return {
         "seconds": round(seconds, 3),
         "frames": frames,

@@ -67,9 +67,7 @@ class H3VideoDecoder(H3Decoder):
         return cls.from_checkpoint(load_checkpoint(source, revision=revision), options)
 
     @classmethod
-    def from_checkpoint(
-        cls, checkpoint: Checkpoint, options: DecodeOptions | None = None, **fields
-    ) -> H3VideoDecoder:
+    def from_checkpoint(cls, checkpoint: Checkpoint, options: DecodeOptions | None = None, **fields) -> H3VideoDecoder:
         """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
         memory, `loading.checkpoint_in_memory`) with `options` as in `from_pretrained`."""
         options = _options(options, fields)

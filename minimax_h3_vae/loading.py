@@ -29,12 +29,11 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from .blocks import EAGER_OPS, attention_backends
-
 from .config import ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
 from .reader import DeviceReader, read_header
 from .runtime import Runtime
-from .tiling import Tiling
+from .tiling import RELEASE_TILING, Tiling
 
 DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
 ORIGINAL_SUBFOLDERS = ("FL2VA/video_vae", "Ref2VA/video_vae", "video_vae")
@@ -99,7 +98,7 @@ class Checkpoint:
     shapes: dict[str, tuple[int, ...]]  # stored key -> shape, from the file headers
     origin: str  # what the user gave, for messages
     in_memory: dict[str, torch.Tensor] | None = None  # stored key -> tensor, for a checkpoint held in memory
-    tiling: Tiling = Tiling()  # the tiling it was released with: the run default (original: its config.json)
+    tiling: Tiling = RELEASE_TILING  # the tiling it was released with: the run default (original: its config.json)
 
     def sources(self, key: str) -> tuple[tuple[str, ...], Callable | None]:
         return diffusers_sources(key) if self.layout == "diffusers" else ((key,), None)

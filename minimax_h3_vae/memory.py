@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .config import H3DecoderConfig
-from .tiling import Tiling, plan_chunks, plan_tiles
+from .tiling import RELEASE_TILING, Tiling, plan_chunks, plan_tiles
 
 F32 = 4
 # With offload="blocks" the automatic tile batch stops at 4: on the H200, 4 tiles per call run within ~5% of
@@ -101,7 +101,7 @@ def plan(
     dtype: torch.dtype,
     device_type: str,
     offload: str = "none",
-    tiling: Tiling = Tiling(),
+    tiling: Tiling = RELEASE_TILING,
     tile_batch: int | None = None,
     batch: int = 1,
 ) -> MemoryPlan:

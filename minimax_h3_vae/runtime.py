@@ -22,7 +22,7 @@ import torch
 
 from . import memory
 from .config import H3DecoderConfig
-from .tiling import Tiling
+from .tiling import RELEASE_TILING, Tiling
 
 # SDPA backends in order of preference (names of torch.nn.attention.SDPBackend): cuDNN is the fastest on
 # Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
@@ -50,7 +50,7 @@ class Runtime:
 
     fused: bool | None = None
     tile_batch: int | None = None
-    tiling: Tiling = Tiling()
+    tiling: Tiling = RELEASE_TILING
     output_rank: int | None = None
     attention_backends: tuple[str, ...] = ATTENTION_BACKENDS
     offload: str = "none"
@@ -96,7 +96,7 @@ class DecodeOptions:
         return dataclasses.replace(self, **changes)
 
 
-def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Tiling = Tiling()) -> Runtime:
+def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Tiling = RELEASE_TILING) -> Runtime:
     """The run settings of `options` for a checkpoint of `config`: GiB -> bytes, the tiling (else the
     checkpoint's `default_tiling`) checked against the patch size, and offload="auto" decided by the memory
     plan (memory.choose_offload) from the checkpoint's sizes and the device's free memory."""
@@ -145,7 +145,8 @@ def _check_fused(value) -> bool | None:
         raise ValueError(f"fused must be True or False, got {value!r}")
     if value and importlib.util.find_spec("triton") is None:
         raise ValueError(
-            f"the fused path needs Triton (pip install triton); or ask for the eager path with fused=False / {FUSED_ENV}=0"
+            "the fused path needs Triton (pip install triton); "
+            f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
         )
     return value
 
@@ -235,4 +236,3 @@ def resolve_fused(fused: bool | None, device: torch.device) -> bool:
             raise ValueError(f"{FUSED_ENV}={env!r}: set it to 0 or 1")
         fused = env == "1" if env else device.type == "cuda" and importlib.util.find_spec("triton") is not None
     return bool(_check_fused(fused))
-

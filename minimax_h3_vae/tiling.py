@@ -1,7 +1,8 @@
 """Spatial tiling and temporal chunking, as released: pure functions over plans and tensors.
 
-Spatial: tiles of 256 px with at least 64 px overlap (the release's geometry; a run option, `Tiling`), tile-local positions, composed in row-major order by
-blending each tile with the RAW tiles above and to its left, then cropping its trailing overlaps.
+Spatial: tiles of 256 px with at least 64 px overlap (the release's geometry; a run option, `Tiling`),
+tile-local positions, composed in row-major order by blending each tile with the RAW tiles above and to its
+left, then cropping its trailing overlaps.
 Temporal: chunks of 7 latent frames advancing by 5; each yields 17 new pixel frames and 5 that are
 cross-faded into the next chunk's first 5. docs/decoder.md (sections 5 and 6) states both rules.
 """
@@ -52,6 +53,9 @@ MAX_PIXELS = 2**20
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+RELEASE_TILING = Tiling()
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ class TilePlan:
         ]
 
 
-def plan_tiles(latent_height: int, latent_width: int, config: H3DecoderConfig, tiling: Tiling = Tiling()) -> TilePlan:
+def plan_tiles(
+    latent_height: int, latent_width: int, config: H3DecoderConfig, tiling: Tiling = RELEASE_TILING
+) -> TilePlan:
     """The tiles of a frame of latent size (h, w) with the geometry `tiling` (untiled: one tile)."""
     p = config.patch_size
     height, width = latent_height * p, latent_width * p

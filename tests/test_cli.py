@@ -18,9 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, output, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
-from minimax_h3_vae import output
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"

@@ -109,6 +109,8 @@ def test_available_host_reads_this_machine():
     assert memory.available_host() > 0
 
 
-@pytest.mark.parametrize("count, text", [(5 * 2**40, "5.0 TiB"), (3 * 2**29, "1.5 GiB"), (2**20, "1.0 MiB"), (512, "0.5 KiB")])
+@pytest.mark.parametrize(
+    "count, text", [(5 * 2**40, "5.0 TiB"), (3 * 2**29, "1.5 GiB"), (2**20, "1.0 MiB"), (512, "0.5 KiB")]
+)
 def test_format_size(count, text):
     assert memory.format_size(count) == text

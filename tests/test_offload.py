@@ -187,3 +187,93 @@ def test_cli_rejects_a_bad_memory_cap(tmp_path, capsys, value):
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines()[-1].startswith("error:") and "max-gpu-memory" in err
     assert not (tmp_path / "o.safetensors").exists()
+
+
+# ---- the streamer's slot order, on the CPU ----------------------------------------------------------------
+
+
+class RecordingStreams:
+    """The streamer's stream and event calls, recorded on the CPU (the copies themselves run at once)."""
+
+    def __init__(self):
+        self.log: list[tuple[str, str, str]] = []
+        self.events = 0
+        self.compute = self.Stream("compute", self.log)
+
+    class Stream:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def wait_event(self, event):
+            self.log.append(("wait", self.name, event.name))
+
+    class Event:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def record(self, stream):
+            self.log.append(("record", self.name, stream.name))
+
+    def stream(self):
+        return self.Stream("copy", self.log)
+
+    def event(self):
+        # BlockStreamer makes the two `landed` events, then the two `released` ones.
+        name = ("landed", "released")[self.events // 2] + str(self.events % 2)
+        self.events += 1
+        return self.Event(name, self.log)
+
+    def use(self, stream):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def current(self):
+        return self.compute
+
+
+def test_streamer_slot_order():
+    """Block i computes from slot i % 2 after its copy landed; block i + 2's copy into that slot waits until
+    block i released it."""
+    from minimax_h3_vae.offload import BlockStreamer, streamed_linears
+
+    blocks = H3VideoDecoder(H3DecoderConfig(num_layers=3, num_heads=2)).decoder.transformer_blocks
+    streams = RecordingStreams()
+    streamer = BlockStreamer(blocks, torch.device("cpu"), streams)
+    assert streamer.moves and streamer.slot_bytes > 0
+    streamer.prefetch(0)
+    streamer.prefetch(1)
+    for i in range(3):
+        host = [linear.weight for linear in streamed_linears(blocks[i])]
+        with streamer.on_device(i):
+            inside = [linear.weight for linear in streamed_linears(blocks[i])]
+            assert inside[0] is streamer.slots[i % 2][0], "block i reads slot i % 2"
+            assert all(torch.equal(a, b) for a, b in zip(inside, host)), "the slot holds block i's weights"
+        assert [linear.weight for linear in streamed_linears(blocks[i])] == host, "host weights back after"
+    assert streams.log == [
+        ("wait", "copy", "released0"),  # prefetch(0)
+        ("record", "landed0", "copy"),
+        ("wait", "copy", "released1"),  # prefetch(1)
+        ("record", "landed1", "copy"),
+        ("wait", "compute", "landed0"),  # block 0 computes once its copy landed ...
+        ("record", "released0", "compute"),  # ... and releases slot 0
+        ("wait", "copy", "released0"),  # block 2's copy into slot 0 waits for that
+        ("record", "landed0", "copy"),
+        ("wait", "compute", "landed1"),  # block 1
+        ("record", "released1", "compute"),
+        ("wait", "compute", "landed0"),  # block 2, from slot 0
+        ("record", "released0", "compute"),
+    ]
+
+
+def test_decode_through_a_moving_streamer_equals_resident(one_thread):
+    """The layer-major decode with slots that really swap in (recorded streams on the CPU) gives the resident
+    decode's values, bit for bit."""
+    from minimax_h3_vae.offload import BlockStreamer
+
+    resident = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="none", tile_batch=2)
+    streamed = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="blocks", tile_batch=2)
+    streamed._streamer = BlockStreamer(streamed.decoder.transformer_blocks, torch.device("cpu"), RecordingStreams())
+    z = latents(frames=3)
+    assert torch.equal(streamed.decode(z), resident.decode(z))
+    assert streamed._streamer.streams.log, "the slots were used"

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder  # noqa: E402
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Tiling  # noqa: E402
 
 TINY = H3DecoderConfig(num_layers=2, num_heads=2)
 SEED = 20261129
@@ -61,8 +61,8 @@ def write_checkpoint(folder: Path, config: H3DecoderConfig, seed: int) -> None:
         "source_safetensors_path": "model.safetensors",
         "vae_clip_length": config.clip_length,
         "vae_token_drop": config.token_drop,
-        "vae_tile_size": config.tile_size,
-        "vae_tile_overlap_min": config.tile_overlap_min,
+        "vae_tile_size": Tiling().size,
+        "vae_tile_overlap_min": Tiling().overlap,
         "vae_decoder_tiling": 1,
         "latent_channels": config.latent_channels,
         "latents_mean": list(config.latents_mean),
