@@ -13,7 +13,7 @@ import torch
 from checkpoints import random_diffusers_vae
 from safetensors.torch import save_file
 
-from minimax_h3_vae import H3VideoDecoder, Tiling, cli, comfyui
+from minimax_h3_vae import H3VideoDecoder, Tiling, cli, comfyui, denormalize_latents, to_unit_rgb
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
 from minimax_h3_vae.diffusers import swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import GIB, resolve_call
@@ -110,7 +110,8 @@ def test_the_nodes_resolve_like_the_other_doors(layouts, tmp_path):
     assert nodes == settings(H3VideoDecoder.from_pretrained(layouts["original"], fused=False, tile_batch=3))
     flags = ["--model", str(layouts["original"]), "--eager", "--tile-batch", "3"]
     assert nodes == through_the_command(layouts, tmp_path, flags)
-    vae = swap_decoder(random_diffusers_vae(seed=0), fused=False, tile_batch=3)
+    # The swap builds on the VAE's device: put the VAE where the other doors put the decoder.
+    vae = swap_decoder(random_diffusers_vae(seed=0).to(node.decoder.device), fused=False, tile_batch=3)
     h3 = vae.decoder.h3
     assert nodes == settings(h3, resolve_call(h3.runtime, h3.config, tiling=vae_tiling(vae, 16)))
 
@@ -191,5 +192,8 @@ def test_comfyui_nodes_share_a_decoder_without_changing_it(layouts, one_thread):
     sizes.clear()
     (b,) = decode.decode(three, z)
     assert sizes == [3, 1] and three.runtime.tile_batch == 3 and one.runtime.tile_batch == 1
+    model = one.decoder
+    for frames, tile_batch in ((a, 1), (b, 3)):
+        expected = to_unit_rgb(model.decode(denormalize_latents(z["samples"], model.config), tile_batch=tile_batch))
+        assert torch.equal(frames, expected.cpu().permute(0, 2, 3, 4, 1).flatten(0, 1)), tile_batch
     comfyui._cache.clear()
-    assert torch.allclose(a, b, atol=1e-5), "the same frames, in other call sizes"
