@@ -61,9 +61,9 @@ def random_released_vae(seed: int = 0):
 
 def ours_from(vae, dtype: str = "fp32") -> H3VideoDecoder:
     """Our decoder holding the diffusers VAE's weights (converted by the package's key table), on its device."""
-    from minimax_h3_vae.loading import checkpoint_in_memory
+    from minimax_h3_vae.loading import checkpoint_in_memory, diffusers_config
 
-    config = H3DecoderConfig.from_diffusers(dict(vae.config))
+    config = diffusers_config(dict(vae.config))
     checkpoint = checkpoint_in_memory(
         {k: v.detach() for k, v in vae.state_dict().items()}, config, "diffusers", "diffusers VAE"
     )

@@ -2,7 +2,8 @@
 
 It describes the model only; how a process runs it (fused ops, tile batch, tiling, offload, ranks) is a
 `runtime.Runtime`.
-The released config files and their fields are in docs/decoder.md section 2.
+Each released config file is mapped onto it by loading.py, beside its layout's detection and key map
+(docs/decoder.md section 2 lists the files and their fields).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 # Per-channel statistics of the released latents (video_vae/config.json). A diffusion pipeline's latents
 # are normalised with them; the decoder consumes `z * std + mean`.
@@ -159,86 +159,6 @@ class H3DecoderConfig:
 
     # ---- mapping from the released config files -------------------------------------------------
 
-    @classmethod
-    def from_original(cls, wrapper: dict[str, Any], model: dict[str, Any], **overrides) -> H3DecoderConfig:
-        """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model). The
-        wrapper's tiling (`vae_tile_size`, `vae_tile_overlap_min`) is a run default, read by loading.py."""
-        _expect_object(wrapper, "video_vae/config.json")
-        _expect_object(model, "video_vae/source/config.json")
-        _expect_object(model.get("vit_decoder_kwargs", {}), "vit_decoder_kwargs")
-        _expect(wrapper, "video_vae/config.json", latent_channels=None, vae_decoder_tiling=1)
-        _expect(
-            model,
-            "video_vae/source/config.json",
-            pixel_norm_type="imagenet",
-            scaling_factor=1.0,
-            shift_factor=0.0,
-            use_vit_decoder=True,
-        )
-        vit = dict(model.get("vit_decoder_kwargs", {}))
-        _expect(
-            vit,
-            "vit_decoder_kwargs",
-            norm_type="rms_norm",
-            norm_affine=True,
-            qk_norm_type="rms_norm",
-            qk_norm_affine=False,
-            ffn_use_gated=True,
-            ffn_activation_fn="silu",
-        )
-        unknown = set(vit) - _ORIGINAL_VIT_KEYS
-        if unknown:
-            raise ConfigError(f"vit_decoder_kwargs has settings this decoder does not implement: {sorted(unknown)}")
-        fields = dict(
-            latent_channels=wrapper.get("latent_channels", model.get("z_channels", 24)),
-            patch_size=model.get("vae_ratio", 16),
-            patch_size_t=model.get("vae_ratio_t", 4),
-            num_layers=vit.get("num_layers", 36),
-            num_heads=vit.get("heads", 32),
-            head_dim=vit.get("dim_head", 64),
-            rope_theta=vit.get("rope_theta", 100.0),
-            rope_dim_ratio=vit.get("rope_dim_ratio", 0.75),
-            clip_length=wrapper.get("vae_clip_length", 17),
-            token_drop=wrapper.get("vae_token_drop", 3),
-            latents_mean=wrapper.get("latents_mean", RELEASED_LATENTS_MEAN),
-            latents_std=wrapper.get("latents_std", RELEASED_LATENTS_STD),
-        )
-        if model.get("z_channels", fields["latent_channels"]) != fields["latent_channels"]:
-            raise ConfigError("video_vae/config.json and source/config.json disagree on the latent channels")
-        return cls(**{**fields, **overrides})
-
-    @classmethod
-    def from_diffusers(cls, config: dict[str, Any], **overrides) -> H3DecoderConfig:
-        """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3`."""
-        _expect_object(config, "vae/config.json")
-        name = config.get("_class_name", "AutoencoderKLMiniMaxH3")
-        if name != "AutoencoderKLMiniMaxH3":
-            raise ConfigError(f"vae/config.json describes {name}, not AutoencoderKLMiniMaxH3")
-        unknown = set(config) - _DIFFUSERS_KEYS
-        if unknown:
-            raise ConfigError(f"vae/config.json has settings this decoder does not implement: {sorted(unknown)}")
-        _expect(config, "vae/config.json", out_channels=3)
-        spatial = _factor(config, "spatial_downsample_factors", (2, 2, 2, 2, 1, 1))
-        temporal = _factor(config, "temporal_downsample_factors", (1, 2, 2, 1, 1, 1))
-        fields = dict(
-            latent_channels=config.get("latent_channels", 24),
-            patch_size=spatial,
-            patch_size_t=temporal,
-            num_layers=config.get("decoder_num_layers", 36),
-            num_heads=config.get("decoder_num_attention_heads", 32),
-            head_dim=config.get("decoder_attention_head_dim", 64),
-            num_register_tokens=config.get("decoder_num_register_tokens", 4),
-            ffn_mult=config.get("decoder_ffn_mult", 4),
-            rope_theta=config.get("decoder_rope_theta", 100.0),
-            rope_dim_ratio=config.get("decoder_rope_dim_ratio", 0.75),
-            norm_eps=config.get("decoder_norm_eps", 1e-5),
-            clip_length=config.get("clip_length", 17),
-            token_drop=config.get("token_drop", 3),
-            latents_mean=config.get("latents_mean", RELEASED_LATENTS_MEAN),
-            latents_std=config.get("latents_std", RELEASED_LATENTS_STD),
-        )
-        return cls(**{**fields, **overrides})
-
 
 def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -260,73 +180,3 @@ _INT_FIELDS = {
 }
 # Real-valued fields and their range (low, high].
 _FLOAT_FIELDS = {"rope_theta": (0.0, math.inf), "rope_dim_ratio": (0.0, 1.0), "norm_eps": (0.0, 1.0)}
-
-
-def _expect_object(config: Any, where: str) -> None:
-    if not isinstance(config, dict):
-        kind = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(config), "a number")
-        raise ConfigError(f"{where} must hold a JSON object ({{...}}), got {kind}")
-
-
-def _factor(config: dict[str, Any], key: str, default: tuple[int, ...]) -> int:
-    """The product of a list of down-sampling factors, each a whole number >= 1."""
-    factors = config.get(key, default)
-    if not isinstance(factors, (list, tuple)) or not all(
-        isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in factors
-    ):
-        raise ConfigError(f"vae/config.json: {key} must be a list of whole numbers >= 1, got {factors!r}")
-    return math.prod(factors)
-
-
-def _expect(config: dict[str, Any], where: str, **expected) -> None:
-    """Fail on a setting whose value changes the decoder in a way we do not reproduce (None: any value)."""
-    for key, value in expected.items():
-        if value is not None and key in config and config[key] != value:
-            raise ConfigError(f"{where}: {key}={config[key]!r} is not supported (only {value!r})")
-
-
-# vit_decoder_kwargs keys of the original release; anything else is a decoder variant we do not know.
-_ORIGINAL_VIT_KEYS = {
-    "dim_head",
-    "heads",
-    "num_layers",
-    "rope_dim_ratio",
-    "rope_theta",
-    "norm_type",
-    "norm_affine",
-    "qk_norm_type",
-    "qk_norm_affine",
-    "ffn_use_gated",
-    "ffn_activation_fn",
-}
-
-# Every constructor argument of diffusers' AutoencoderKLMiniMaxH3 (0.40-0.42), plus its bookkeeping keys.
-# The encoder's arguments are accepted and ignored: the decoder does not depend on them.
-_DIFFUSERS_KEYS = {
-    "_class_name",
-    "_diffusers_version",
-    "_name_or_path",
-    "_use_default_values",  # kept by an in-memory model's config (the arguments left at their defaults)
-    "in_channels",
-    "out_channels",
-    "latent_channels",
-    "block_out_channels",
-    "layers_per_block",
-    "spatial_downsample_factors",
-    "temporal_downsample_factors",
-    "norm_num_groups",
-    "norm_eps",
-    "spatial_padding_mode",
-    "decoder_num_layers",
-    "decoder_num_attention_heads",
-    "decoder_attention_head_dim",
-    "decoder_num_register_tokens",
-    "decoder_ffn_mult",
-    "decoder_rope_theta",
-    "decoder_rope_dim_ratio",
-    "decoder_norm_eps",
-    "clip_length",
-    "token_drop",
-    "latents_mean",
-    "latents_std",
-}

@@ -20,9 +20,9 @@ from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
-from .config import ConfigError, H3DecoderConfig
+from .config import ConfigError
 from .decoding import H3VideoDecoder
-from .loading import CheckpointError, checkpoint_in_memory
+from .loading import CheckpointError, checkpoint_in_memory, diffusers_config
 from .runtime import DecodeOptions
 from .tiling import Tiling
 
@@ -93,7 +93,7 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
         raise SwapError(f"give either options= or the option fields {sorted(fields)}, not both")
     options = (options or DecodeOptions(device=first.device, **fields)).replace(device=first.device)
     try:
-        config = H3DecoderConfig.from_diffusers(dict(vae.config))
+        config = diffusers_config(dict(vae.config))
     except ConfigError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
     stock_dtype = vae.dtype

@@ -1,6 +1,7 @@
-"""Checkpoint layouts, key tables and reading the decoder's tensors from any of them.
+"""Checkpoint layouts and reading the decoder's tensors from any of them.
 
-Three layouts hold the same weights:
+Three layouts hold the same weights; each has one section below with its detection, its config mapping
+onto `H3DecoderConfig` and its key map:
 - original release: `video_vae/{config.json, source/config.json, source/model.safetensors}`, fp32,
   original key names (those of this package's modules: an identity map);
 - diffusers: `vae/{config.json, diffusion_pytorch_model-0000N-of-0000M.safetensors, *.index.json}`, fp32,
@@ -16,6 +17,7 @@ block linears), its dtype, and the libraries' one-time set-up in a thread while 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -23,13 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
 from .blocks import EAGER_OPS, attention_backends
-from .config import ConfigError, H3DecoderConfig
+from .config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD, ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
 from .reader import DeviceReader, read_header
 from .runtime import Runtime
@@ -49,43 +52,6 @@ DECODER_PREFIXES = ("decoder.", "post_quant_conv.")
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be found, read or matched to the decoder; the message says which and why."""
-
-
-def _interleave_heads(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
-    """diffusers' all-q, all-k, all-v rows -> the release's per-head [q_h, k_h, v_h] rows."""
-    q, k, v = (p.unflatten(0, (-1, head_dim)) for p in parts)
-    return torch.stack([q, k, v], dim=1).flatten(0, 2)
-
-
-def _swap_halves(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
-    """diffusers' [value; gate] FFN input rows -> the release's [gate; value]."""
-    value, gate = parts[0].chunk(2, dim=0)
-    return torch.cat([gate, value], dim=0)
-
-
-# original key pattern -> (diffusers key patterns, how the diffusers tensors combine into the original one).
-# Keys that match no row have the same name in both layouts and are copied as they are.
-_BLOCK = r"(decoder\.transformer_blocks\.\d+)"
-DIFFUSERS_KEY_TABLE: tuple[tuple[str, tuple[str, ...], Callable | None], ...] = (
-    (r"decoder\.x_embedder\.(weight|bias)", (r"decoder.proj_in.\1",), None),
-    (
-        _BLOCK + r"\.attn\.to_qkv\.(weight|bias)",
-        (r"\1.attn.to_q.\2", r"\1.attn.to_k.\2", r"\1.attn.to_v.\2"),
-        _interleave_heads,
-    ),
-    (_BLOCK + r"\.attn\.to_out\.(weight|bias)", (r"\1.attn.to_out.0.\2",), None),
-    (_BLOCK + r"\.ff\.w1\.(weight|bias)", (r"\1.ff.net.0.proj.\2",), _swap_halves),
-    (_BLOCK + r"\.ff\.w2\.(weight|bias)", (r"\1.ff.net.2.\2",), None),
-)
-
-
-def diffusers_sources(key: str) -> tuple[tuple[str, ...], Callable | None]:
-    """The diffusers key(s) an original key is made from, and the combining function (None: copy)."""
-    for pattern, sources, combine in DIFFUSERS_KEY_TABLE:
-        match = re.fullmatch(pattern, key)
-        if match:
-            return tuple(match.expand(s) for s in sources), combine
-    return (key,), None
 
 
 @dataclass
@@ -214,6 +180,9 @@ def _open_local(path: Path, origin: str) -> Checkpoint:
     )
 
 
+# ---- shared by the layouts ------------------------------------------------------------------------
+
+
 def _read_json(path: Path, origin: str) -> dict:
     """A JSON file that must hold an object."""
     try:
@@ -280,6 +249,99 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
     return where, shapes
 
 
+def _expect_object(config: Any, where: str) -> None:
+    if not isinstance(config, dict):
+        kind = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(config), "a number")
+        raise ConfigError(f"{where} must hold a JSON object ({{...}}), got {kind}")
+
+
+def _factor(config: dict[str, Any], key: str, default: tuple[int, ...]) -> int:
+    """The product of a list of down-sampling factors, each a whole number >= 1."""
+    factors = config.get(key, default)
+    if not isinstance(factors, (list, tuple)) or not all(
+        isinstance(f, int) and not isinstance(f, bool) and f >= 1 for f in factors
+    ):
+        raise ConfigError(f"vae/config.json: {key} must be a list of whole numbers >= 1, got {factors!r}")
+    return math.prod(factors)
+
+
+def _expect(config: dict[str, Any], where: str, **expected) -> None:
+    """Fail on a setting whose value changes the decoder in a way we do not reproduce (None: any value)."""
+    for key, value in expected.items():
+        if value is not None and key in config and config[key] != value:
+            raise ConfigError(f"{where}: {key}={config[key]!r} is not supported (only {value!r})")
+
+
+# vit_decoder_kwargs keys of the original release; anything else is a decoder variant we do not know.
+
+# ---- original layout: video_vae/{config.json, source/config.json, source/model.safetensors} -----------------
+
+
+def original_config(wrapper: dict[str, Any], model: dict[str, Any]) -> H3DecoderConfig:
+    """Original release: `video_vae/config.json` (wrapper) and `video_vae/source/config.json` (model). The
+    wrapper's tiling (`vae_tile_size`, `vae_tile_overlap_min`) is a run default, read by loading.py."""
+    _expect_object(wrapper, "video_vae/config.json")
+    _expect_object(model, "video_vae/source/config.json")
+    _expect_object(model.get("vit_decoder_kwargs", {}), "vit_decoder_kwargs")
+    _expect(wrapper, "video_vae/config.json", latent_channels=None, vae_decoder_tiling=1)
+    _expect(
+        model,
+        "video_vae/source/config.json",
+        pixel_norm_type="imagenet",
+        scaling_factor=1.0,
+        shift_factor=0.0,
+        use_vit_decoder=True,
+    )
+    vit = dict(model.get("vit_decoder_kwargs", {}))
+    _expect(
+        vit,
+        "vit_decoder_kwargs",
+        norm_type="rms_norm",
+        norm_affine=True,
+        qk_norm_type="rms_norm",
+        qk_norm_affine=False,
+        ffn_use_gated=True,
+        ffn_activation_fn="silu",
+    )
+    unknown = set(vit) - _ORIGINAL_VIT_KEYS
+    if unknown:
+        raise ConfigError(f"vit_decoder_kwargs has settings this decoder does not implement: {sorted(unknown)}")
+    fields = dict(
+        latent_channels=wrapper.get("latent_channels", model.get("z_channels", 24)),
+        patch_size=model.get("vae_ratio", 16),
+        patch_size_t=model.get("vae_ratio_t", 4),
+        num_layers=vit.get("num_layers", 36),
+        num_heads=vit.get("heads", 32),
+        head_dim=vit.get("dim_head", 64),
+        rope_theta=vit.get("rope_theta", 100.0),
+        rope_dim_ratio=vit.get("rope_dim_ratio", 0.75),
+        clip_length=wrapper.get("vae_clip_length", 17),
+        token_drop=wrapper.get("vae_token_drop", 3),
+        latents_mean=wrapper.get("latents_mean", RELEASED_LATENTS_MEAN),
+        latents_std=wrapper.get("latents_std", RELEASED_LATENTS_STD),
+    )
+    if model.get("z_channels", fields["latent_channels"]) != fields["latent_channels"]:
+        raise ConfigError("video_vae/config.json and source/config.json disagree on the latent channels")
+    return H3DecoderConfig(**fields)
+
+
+_ORIGINAL_VIT_KEYS = {
+    "dim_head",
+    "heads",
+    "num_layers",
+    "rope_dim_ratio",
+    "rope_theta",
+    "norm_type",
+    "norm_affine",
+    "qk_norm_type",
+    "qk_norm_affine",
+    "ffn_use_gated",
+    "ffn_activation_fn",
+}
+
+# Every constructor argument of diffusers' AutoencoderKLMiniMaxH3 (0.40-0.42), plus its bookkeeping keys.
+
+
 def _open_original(folder: Path, origin: str) -> Checkpoint:
     wrapper = _read_json(folder / "config.json", origin)
     paths = {
@@ -293,7 +355,7 @@ def _open_original(folder: Path, origin: str) -> Checkpoint:
     model = _read_json(source_dir / "config.json", origin)
     weights = source_dir / paths["source_safetensors_path"]
     try:
-        config = H3DecoderConfig.from_original(wrapper, model)
+        config = original_config(wrapper, model)
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     try:
@@ -305,9 +367,112 @@ def _open_original(folder: Path, origin: str) -> Checkpoint:
     return Checkpoint("original", config, where, shapes, origin, tiling=tiling)
 
 
+# ---- diffusers layout: vae/{config.json, sharded safetensors, index} ----------------------------------------
+
+
+def _interleave_heads(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
+    """diffusers' all-q, all-k, all-v rows -> the release's per-head [q_h, k_h, v_h] rows."""
+    q, k, v = (p.unflatten(0, (-1, head_dim)) for p in parts)
+    return torch.stack([q, k, v], dim=1).flatten(0, 2)
+
+
+def _swap_halves(parts: list[torch.Tensor], head_dim: int) -> torch.Tensor:
+    """diffusers' [value; gate] FFN input rows -> the release's [gate; value]."""
+    value, gate = parts[0].chunk(2, dim=0)
+    return torch.cat([gate, value], dim=0)
+
+
+# original key pattern -> (diffusers key patterns, how the diffusers tensors combine into the original one).
+# Keys that match no row have the same name in both layouts and are copied as they are.
+_BLOCK = r"(decoder\.transformer_blocks\.\d+)"
+DIFFUSERS_KEY_TABLE: tuple[tuple[str, tuple[str, ...], Callable | None], ...] = (
+    (r"decoder\.x_embedder\.(weight|bias)", (r"decoder.proj_in.\1",), None),
+    (
+        _BLOCK + r"\.attn\.to_qkv\.(weight|bias)",
+        (r"\1.attn.to_q.\2", r"\1.attn.to_k.\2", r"\1.attn.to_v.\2"),
+        _interleave_heads,
+    ),
+    (_BLOCK + r"\.attn\.to_out\.(weight|bias)", (r"\1.attn.to_out.0.\2",), None),
+    (_BLOCK + r"\.ff\.w1\.(weight|bias)", (r"\1.ff.net.0.proj.\2",), _swap_halves),
+    (_BLOCK + r"\.ff\.w2\.(weight|bias)", (r"\1.ff.net.2.\2",), None),
+)
+
+
+def diffusers_sources(key: str) -> tuple[tuple[str, ...], Callable | None]:
+    """The diffusers key(s) an original key is made from, and the combining function (None: copy)."""
+    for pattern, sources, combine in DIFFUSERS_KEY_TABLE:
+        match = re.fullmatch(pattern, key)
+        if match:
+            return tuple(match.expand(s) for s in sources), combine
+    return (key,), None
+
+
+def diffusers_config(config: dict[str, Any]) -> H3DecoderConfig:
+    """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3`."""
+    _expect_object(config, "vae/config.json")
+    name = config.get("_class_name", "AutoencoderKLMiniMaxH3")
+    if name != "AutoencoderKLMiniMaxH3":
+        raise ConfigError(f"vae/config.json describes {name}, not AutoencoderKLMiniMaxH3")
+    unknown = set(config) - _DIFFUSERS_KEYS
+    if unknown:
+        raise ConfigError(f"vae/config.json has settings this decoder does not implement: {sorted(unknown)}")
+    _expect(config, "vae/config.json", out_channels=3)
+    spatial = _factor(config, "spatial_downsample_factors", (2, 2, 2, 2, 1, 1))
+    temporal = _factor(config, "temporal_downsample_factors", (1, 2, 2, 1, 1, 1))
+    fields = dict(
+        latent_channels=config.get("latent_channels", 24),
+        patch_size=spatial,
+        patch_size_t=temporal,
+        num_layers=config.get("decoder_num_layers", 36),
+        num_heads=config.get("decoder_num_attention_heads", 32),
+        head_dim=config.get("decoder_attention_head_dim", 64),
+        num_register_tokens=config.get("decoder_num_register_tokens", 4),
+        ffn_mult=config.get("decoder_ffn_mult", 4),
+        rope_theta=config.get("decoder_rope_theta", 100.0),
+        rope_dim_ratio=config.get("decoder_rope_dim_ratio", 0.75),
+        norm_eps=config.get("decoder_norm_eps", 1e-5),
+        clip_length=config.get("clip_length", 17),
+        token_drop=config.get("token_drop", 3),
+        latents_mean=config.get("latents_mean", RELEASED_LATENTS_MEAN),
+        latents_std=config.get("latents_std", RELEASED_LATENTS_STD),
+    )
+    return H3DecoderConfig(**fields)
+
+
+# The encoder's arguments are accepted and ignored: the decoder does not depend on them.
+_DIFFUSERS_KEYS = {
+    "_class_name",
+    "_diffusers_version",
+    "_name_or_path",
+    "_use_default_values",  # kept by an in-memory model's config (the arguments left at their defaults)
+    "in_channels",
+    "out_channels",
+    "latent_channels",
+    "block_out_channels",
+    "layers_per_block",
+    "spatial_downsample_factors",
+    "temporal_downsample_factors",
+    "norm_num_groups",
+    "norm_eps",
+    "spatial_padding_mode",
+    "decoder_num_layers",
+    "decoder_num_attention_heads",
+    "decoder_attention_head_dim",
+    "decoder_num_register_tokens",
+    "decoder_ffn_mult",
+    "decoder_rope_theta",
+    "decoder_rope_dim_ratio",
+    "decoder_norm_eps",
+    "clip_length",
+    "token_drop",
+    "latents_mean",
+    "latents_std",
+}
+
+
 def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
     try:
-        config = H3DecoderConfig.from_diffusers(_read_json(folder / "config.json", origin))
+        config = diffusers_config(_read_json(folder / "config.json", origin))
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     index = folder / DIFFUSERS_INDEX
@@ -321,6 +486,9 @@ def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
     where, shapes = _headers(files, origin)
     _check_against_tensors(config, shapes, "diffusers", origin)
     return Checkpoint("diffusers", config, where, shapes, origin)
+
+
+# ---- ComfyUI layout: one .safetensors file, original key names, no config ---------------------------------
 
 
 def _open_comfyui(path: Path, origin: str) -> Checkpoint:
@@ -345,6 +513,9 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     return Checkpoint("comfyui", config, where, shapes, origin)
+
+
+# ---- the hub ------------------------------------------------------------------------------------------------
 
 
 def _download(repo_id: str, revision: str | None) -> Path:

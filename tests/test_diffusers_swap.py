@@ -19,9 +19,9 @@ from diffusers import AutoencoderKL
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.modular_pipelines.minimax_h3.decoders import MiniMaxH3VideoDecodeStep
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, Tiling
+from minimax_h3_vae import H3VideoDecoder, Tiling
 from minimax_h3_vae.diffusers import SwapError, SwappedDecoder, swap_decoder
-from minimax_h3_vae.loading import checkpoint_in_memory
+from minimax_h3_vae.loading import checkpoint_in_memory, diffusers_config
 
 ATOL = 1e-5
 
@@ -65,7 +65,7 @@ def swapped():
 @pytest.fixture(scope="module")
 def unswapped_ours(stock):
     """Our decoder from the stock VAE's tensors, without the swap: the reference where diffusers cannot decode."""
-    config = H3DecoderConfig.from_diffusers(dict(stock.config))
+    config = diffusers_config(dict(stock.config))
     checkpoint = checkpoint_in_memory({k: v.detach() for k, v in stock.state_dict().items()}, config, "diffusers")
     return H3VideoDecoder.from_checkpoint(checkpoint, device="cpu", dtype="fp32", fused=False)
 

@@ -546,12 +546,13 @@ def test_unsupported_diffusers_config(layouts, tmp_path, edit, words):
 
 
 def test_config_error_is_a_value_error_naming_the_setting():
-    from minimax_h3_vae.config import ConfigError, H3DecoderConfig
+    from minimax_h3_vae.config import ConfigError
+    from minimax_h3_vae.loading import original_config
 
     with pytest.raises(ConfigError, match="norm_type='layer_norm' is not supported"):
-        H3DecoderConfig.from_original({}, {"vit_decoder_kwargs": {"norm_type": "layer_norm"}})
+        original_config({}, {"vit_decoder_kwargs": {"norm_type": "layer_norm"}})
     with pytest.raises(ValueError, match=r"\['mystery'\]"):
-        H3DecoderConfig.from_original({}, {"vit_decoder_kwargs": {"mystery": 1}})
+        original_config({}, {"vit_decoder_kwargs": {"mystery": 1}})
 
 
 def test_path_that_does_not_exist(tmp_path, no_network, monkeypatch):
