@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         default="MiniMaxAI/MiniMax-H3",
-        help="hub repo id, repo root, video_vae/ or vae/ folder, or single .safetensors file",
+        help="hub repo id, repo root, video_vae/ or vae/ folder, or single .safetensors file "
+        "(default: MiniMaxAI/MiniMax-H3 from the Hugging Face hub, or its cached copy)",
     )
     parser.add_argument(
         "--revision",
