@@ -228,10 +228,13 @@ class SafetensorsSink(Sink):
         self.handle.close()
         if self.temp.stat().st_size != self.size:
             raise WriteError(f"{self.output}: wrote {self.temp.stat().st_size} bytes, expected {self.size}")
-        from safetensors import safe_open
+        from .reader import read_header
 
-        with safe_open(str(self.temp), framework="pt") as handle:
-            shape = handle.get_slice("video").get_shape()
+        try:
+            entry = read_header(self.temp).tensors.get("video")
+        except ValueError as error:
+            raise WriteError(f"{self.output}: the written file does not read back ({error})") from None
+        shape = list(entry.shape) if entry is not None else None
         if shape != [self.frames, self.height, self.width, 3]:
             raise WriteError(f"{self.output}: the written header reads back as shape {shape}")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minimax_h3_vae import H3DecoderConfig
-from minimax_h3_vae.tiling import blend, plan_axis, plan_chunks, plan_tiles, stitch
+from minimax_h3_vae.tiling import blend, join_chunks, plan_axis, plan_chunks, plan_tiles, stitch
 
 CONFIG = H3DecoderConfig()
 
@@ -98,3 +98,14 @@ def test_padded_tail():
 def test_zero_frames_rejected():
     with pytest.raises(ValueError, match="at least 1"):
         plan_chunks(0, CONFIG)
+
+
+@pytest.mark.parametrize("frames", range(1, 41))
+def test_one_chunk_per_window(frames):
+    """join_chunks yields exactly one chunk per window, whatever T (the ranks of a distributed decode pair
+    their collectives by it), and the chunks hold plan.out_frames frames in order."""
+    plan = plan_chunks(frames, CONFIG)
+    clips = [torch.arange(4 * plan.window, dtype=torch.float32).view(1, 1, -1, 1, 1) + 100 * i for i in plan.starts]
+    chunks = list(join_chunks(iter(clips), plan, CONFIG))
+    assert len(chunks) == len(plan.starts)
+    assert sum(chunk.shape[2] for chunk in chunks) == plan.out_frames and all(c.shape[2] for c in chunks)
