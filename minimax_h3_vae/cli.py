@@ -30,7 +30,50 @@ from .output import WriteError
 
 DEFAULT_FPS = 24.0
 DEFAULT_CRF = 17
-STOP_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+# Every signal whose default action ends the process and that a handler may catch (SIGKILL and SIGSTOP
+# cannot be caught; SIGPIPE stays ignored, as Python sets it, so a closed pipe is an error where it is
+# written; the fault signals SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT are crashes, not requests to stop).
+STOP_SIGNALS = {
+    signum: signum.name
+    for signum in (
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGALRM,
+        signal.SIGVTALRM,
+        signal.SIGPROF,
+        signal.SIGXCPU,
+        signal.SIGXFSZ,
+    )
+}
+
+
+def say(line: str) -> None:
+    """One line on stderr, best-effort: a closed, full or broken stderr never costs the output."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # closed (None or a closed file), full, or a broken pipe
+        pass
+
+
+class Diagnostics:
+    """A file-like stderr for tqdm and tracebacks that writes best-effort, as `say` does."""
+
+    def write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 class InputError(Exception):
@@ -38,7 +81,7 @@ class InputError(Exception):
 
 
 class Stopped(BaseException):
-    """A stop signal (SIGTERM, SIGHUP) arrived: unwinds like KeyboardInterrupt, exit code 128 + signal."""
+    """A stop signal (STOP_SIGNALS) arrived: unwinds like KeyboardInterrupt, exit code 128 + signal."""
 
     def __init__(self, signum: int):
         super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
@@ -57,7 +100,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors as the one-line `error:` of every other bad input (exit code 2)."""
 
     def error(self, message: str):
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        say(f"error: {message} (see {self.prog} --help)")
         sys.exit(2)
 
 
@@ -213,7 +256,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     latents and the weights read.
     """
     from .decoding import H3VideoDecoder
-    from .latents import check_latents_path, denormalize_latents, read_latents, read_latents_header
+    from .latents import check_latents, check_latents_path, denormalize_latents, read_latents, read_latents_header
     from .loading import CheckpointError, load_checkpoint
     from .memory import check_fits, plan
     from .runtime import resolve
@@ -222,6 +265,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     check_arguments(args)
     options = decode_options(args, device)
     try:
+        args.output = output.resolve_output(args.output)  # a symbolic link is written through
         output.check_output_name(args.output)
         check_latents_path(args.input)
     except ValueError as error:
@@ -236,7 +280,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
         raise InputError(str(error)) from None
 
     if rank == 0:
-        print(f"loading {args.model} onto {options.device} ...", file=sys.stderr, flush=True)
+        say(f"loading {args.model} onto {options.device} ...")
     try:
         checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
@@ -267,10 +311,14 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
         if rank == 0:
             output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
+            output.check_encoder(args.output, width, height, fps, args.crf, args.preset)
         latents = read_latents(source)
         z = latents if args.raw_latents else denormalize_latents(latents, config)
+        check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
-        raise InputError(str(error)) from None
+        raise InputError(
+            f"{args.input}: {error}" if not str(error).startswith(str(args.input)) else str(error)
+        ) from None
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
@@ -294,13 +342,19 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
             agree(None, ranks)
         agree(None, ranks)
         return
+    from .blocks import EAGER_OPS
+
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
-    path = "fused" if decoder.runtime.fused else "eager"
+    ops = decoder.ops()  # what will run: a kernel that cannot run here was replaced by its eager op
+    kernels = sum(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in vars(EAGER_OPS))
+    path = (
+        "eager" if not kernels else "fused" if kernels == len(vars(EAGER_OPS)) else f"{kernels} fused, the other eager"
+    )
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
-    print(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}", file=sys.stderr)
-    print(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps", file=sys.stderr)
+    say(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}")
+    say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
     writer = output.BackgroundWriter(sink)
@@ -309,14 +363,14 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:  # made at the first report, which comes before the first tile: the total shows at once
-            bar = tqdm(total=total, unit="tile", desc="decoding", file=sys.stderr)
+            bar = tqdm(total=total, unit="tile", desc="decoding", file=Diagnostics())
         bar.update(done - bar.n)
 
     try:
         for chunk in decoder.decode_stream(z.to(device), progress, output_rank=output_rank):
             error = None
-            try:
-                writer.put(to_uint8_frames(chunk))
+            try:  # the finite check stays on the device: the writer reads it once the copy has landed
+                writer.put(to_uint8_frames(chunk), torch.isfinite(chunk).all())
             except Exception as failure:
                 error = failure
             agree(error, ranks)
@@ -342,10 +396,9 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
-    print(
+    say(
         f"wrote {args.output}: {frames} frames in {seconds:.1f} s ({frames / seconds:.2f} frames/s; first chunk "
-        f"after {first_chunk:.1f} s, one-time kernel set-up included){memory}",
-        file=sys.stderr,
+        f"after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
     )
 
 
@@ -385,17 +438,21 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
-    rank, ranks, device = 0, distributed.launched_world_size(), None
+    rank, ranks, device = 0, 1, None
     try:
+        try:
+            ranks = distributed.launched_world_size()
+        except ValueError as error:
+            raise InputError(str(error)) from None
         if ranks > 1:
             rank, ranks, device = distributed.init_process_group(cpu=args.device == "cpu")
         run(args, rank, ranks, device)
     except (Exception, KeyboardInterrupt, Stopped) as error:
         code, line = describe(error)
         if args.verbose and not isinstance(error, Agreed):
-            traceback.print_exc()
+            traceback.print_exc(file=Diagnostics())
         if rank == 0 or not isinstance(error, Agreed):
-            print(line, file=sys.stderr, flush=True)
+            say(line)
         return code
     finally:
         if ranks > 1:
@@ -414,8 +471,11 @@ def console_main() -> None:
     run on an H200 (benchmarks/RESULTS.md, run 11). `main` stays a plain function for callers in Python.
     """
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or broken: nothing more can be said there
+            pass
     os._exit(code)
 
 

@@ -94,10 +94,15 @@ class H3DecoderConfig:
     latents_std: tuple[float, ...] = RELEASED_LATENTS_STD
 
     def __post_init__(self):
-        for name, least in _INT_FIELDS.items():
+        for name, (least, most) in _INT_FIELDS.items():
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
-                raise ConfigError(f"{name} must be a whole number >= {least}, got {value!r}")
+            if not (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most):
+                shown = (
+                    value
+                    if not isinstance(value, int) or abs(value) < 10**12
+                    else f"{str(value)[:6]}... ({len(str(value))} digits)"
+                )
+                raise ConfigError(f"{name} must be a whole number from {least} to {most}, got {shown}")
         for name, (low, high) in _FLOAT_FIELDS.items():
             value = getattr(self, name)
             if not (_is_real(value) and low < value <= high):
@@ -164,19 +169,21 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# Whole-number fields and their least value; the tensors bound the model-sizing ones (loading.py).
+# Whole-number fields and their range [least, most]: far beyond the released model (24 channels, 36 blocks,
+# 32 x 64 heads, 17-frame clips), and small enough that nothing is ever sized by an absurd number read from
+# a file; the tensors bound the model-sizing ones further (loading.py).
 _INT_FIELDS = {
-    "latent_channels": 1,
-    "out_channels": 1,
-    "patch_size": 1,
-    "patch_size_t": 1,
-    "num_layers": 1,
-    "num_heads": 1,
-    "head_dim": 1,
-    "num_register_tokens": 0,
-    "ffn_mult": 1,
-    "clip_length": 1,
-    "token_drop": 0,
+    "latent_channels": (1, 1024),
+    "out_channels": (1, 16),
+    "patch_size": (1, 64),
+    "patch_size_t": (1, 16),
+    "num_layers": (1, 1024),
+    "num_heads": (1, 1024),
+    "head_dim": (1, 1024),
+    "num_register_tokens": (0, 1024),
+    "ffn_mult": (1, 64),
+    "clip_length": (1, 1024),
+    "token_drop": (0, 1024),
 }
 # Real-valued fields and their range (low, high].
 _FLOAT_FIELDS = {"rope_theta": (0.0, math.inf), "rope_dim_ratio": (0.0, 1.0), "norm_eps": (0.0, 1.0)}

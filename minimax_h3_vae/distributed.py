@@ -16,11 +16,25 @@ import torch
 
 # A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+MAX_RANKS = 65536
 
 
 def launched_world_size() -> int:
-    """The number of ranks a launcher (torchrun) started, from WORLD_SIZE; 1 without one."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The number of ranks a launcher (torchrun) started: WORLD_SIZE, with RANK and LOCAL_RANK checked when
+    it is above 1. Without WORLD_SIZE (or with 1) this is one process, whatever a stray RANK says.
+    ValueError naming the variable for a value a launcher would not set."""
+    text = os.environ.get("WORLD_SIZE", "1").strip()
+    if not text.isdigit() or int(text) < 1 or int(text) > MAX_RANKS:
+        raise ValueError(
+            f"WORLD_SIZE={text!r} is not a number of processes from 1 to {MAX_RANKS}: unset it, or launch with torchrun"
+        )
+    ranks = int(text)
+    if ranks > 1:
+        for name in ("RANK", "LOCAL_RANK"):
+            value = os.environ.get(name, "0").strip()
+            if not value.isdigit() or int(value) >= ranks:
+                raise ValueError(f"{name}={value!r} is not a rank below WORLD_SIZE={ranks}: launch with torchrun")
+    return ranks
 
 
 def init_process_group(cpu: bool) -> tuple[int, int, torch.device]:

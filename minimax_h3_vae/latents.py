@@ -15,6 +15,9 @@ from safetensors.torch import save_file
 from .config import H3DecoderConfig
 from .reader import read_header
 
+# The largest magnitude taken in latents, normalised or not: H3 latents are about N(0, 1) normalised and within
+# a few times that denormalised; far larger values overflow the decoder's norms into NaN frames.
+LATENT_LIMIT = 1e4
 # Floating-point dtypes the decoder computes from (it upcasts to float32); float8 and complex are refused.
 LATENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -29,8 +32,8 @@ def check_dtype(dtype: torch.dtype) -> None:
 def check_latents(z: torch.Tensor, channels: int | None) -> None:
     """Raise ValueError naming the problem for latents the decoder cannot take.
 
-    z: (B, C, T, h, w), float32/float16/bfloat16/float64, on a device that holds data (not `meta`);
-    `channels`: the decoder's C, or None to leave the channel count unchecked.
+    z: (B, C, T, h, w), float32/float16/bfloat16/float64, on a device that holds data (not `meta`), finite
+    and within +-LATENT_LIMIT; `channels`: the decoder's C, or None to leave the channel count unchecked.
     """
     layout = f"(B, {channels or 'C'}, T, h, w)"
     if not isinstance(z, torch.Tensor):
@@ -47,8 +50,13 @@ def check_latents(z: torch.Tensor, channels: int | None) -> None:
     check_dtype(z.dtype)
     if z.is_meta:
         raise ValueError("latents are on the meta device and hold no values; move real latents to 'cpu' or 'cuda'")
-    if not torch.isfinite(z).all():
-        raise ValueError("latents contain NaN or Inf")
+    if not (z.abs() <= LATENT_LIMIT).all():  # one pass, one wait: NaN compares False, Inf is above the limit
+        if not torch.isfinite(z).all():
+            raise ValueError("latents contain NaN or Inf")
+        raise ValueError(
+            f"latents hold values up to {z.abs().max().item():.3g}, beyond +-{LATENT_LIMIT:g}: not H3 latents "
+            "(normalised ones are about N(0, 1), denormalised ones a few times that); the decoder would return NaN"
+        )
 
 
 def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tensor:
@@ -91,11 +99,18 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
     check_latents(latents.reshape(1, *shape[-4:]), channels=None)
     metadata = None
     if fps is not None:
-        if isinstance(fps, bool) or not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
-            raise ValueError(f"fps must be a positive number, got {fps!r}")
-        metadata = {"fps": repr(float(fps))}
+        try:
+            value = float(fps) if isinstance(fps, (int, float)) and not isinstance(fps, bool) else math.nan
+        except OverflowError:  # an int too large for a float
+            value = math.inf
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"fps must be a positive number, got {str(fps)[:20]}")
+        metadata = {"fps": repr(value)}
     path = Path(os.fspath(path))
     save_file({"latents": latents.detach().float().cpu().contiguous()}, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # what open() would give a new file (the library writes it 0600)
     return path
 
 

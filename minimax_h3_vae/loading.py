@@ -36,7 +36,7 @@ from .config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD, ConfigError, H3
 from .model import H3Decoder, is_block_linear
 from .reader import DeviceReader, read_header
 from .runtime import Runtime
-from .tiling import RELEASE_TILING, Tiling
+from .tiling import RELEASE_TILING, Tiling, check_temporal_plan
 
 DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
 ORIGINAL_SUBFOLDERS = ("FL2VA/video_vae", "Ref2VA/video_vae", "video_vae")
@@ -48,6 +48,10 @@ DIFFUSERS_SINGLE = "diffusion_pytorch_model.safetensors"
 IGNORED_KEYS = {"decoder.mask_token"}
 # Prefixes of the tensors this decoder owns; any other key belongs to the encoder or is metadata.
 DECODER_PREFIXES = ("decoder.", "post_quant_conv.")
+# The largest config or index file read (the diffusers index of the released VAE is about 100 KB).
+MAX_JSON_BYTES = 16 * 2**20
+# Weight dtypes a checkpoint may store (anything else, e.g. int8 or bool, is not this model's weights).
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 class CheckpointError(Exception):
@@ -184,18 +188,35 @@ def _open_local(path: Path, origin: str) -> Checkpoint:
 
 
 def _read_json(path: Path, origin: str) -> dict:
-    """A JSON file that must hold an object."""
+    """A JSON file that must hold an object: a regular file (not a FIFO or a device, which could hang or
+    never end) of at most MAX_JSON_BYTES."""
+    if not path.exists():
+        raise CheckpointError(f"{origin}: missing file {path}")
+    if not path.is_file():
+        raise CheckpointError(f"{origin}: {path} is not a regular file; replace it with the checkpoint's JSON file")
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{origin}: {path} is {size} bytes, not a config ({MAX_JSON_BYTES} at most)")
         data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{origin}: missing file {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{origin}: {path} is not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, bad UTF-8, a 5000-digit number, deep nesting
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise CheckpointError(f"{origin}: {path} is not valid JSON ({reason})") from None
     except OSError as error:
         raise CheckpointError(f"{origin}: cannot read {path} ({error.strerror})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{origin}: {path} must hold a JSON object ({{...}})")
     return data
+
+
+def _inside(folder: Path, name: str | Path, origin: str) -> Path:
+    """folder / name, which a checkpoint's own files may name only inside the checkpoint's folder."""
+    path = folder / name
+    if Path(name).is_absolute() or not os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep):
+        raise CheckpointError(
+            f"{origin}: names {str(name)!r}, outside its folder {folder}; a checkpoint's files stay in it"
+        )
+    return path
 
 
 def _check_against_tensors(config: H3DecoderConfig, shapes: dict[str, tuple[int, ...]], layout: str, origin: str):
@@ -244,6 +265,11 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
                 f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
             ) from None
         for key, entry in header.tensors.items():
+            if key.startswith(DECODER_PREFIXES) and entry.dtype not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"{path}: tensor {key!r} is {entry.dtype}, not floating point: not this model's weights "
+                    "(a quantised file?); use a float16 or float32 checkpoint"
+                )
             where[key] = path
             shapes[key] = entry.shape
     return where, shapes
@@ -351,12 +377,13 @@ def _open_original(folder: Path, origin: str) -> Checkpoint:
     for key, value in paths.items():
         if not isinstance(value, str) or not value:
             raise CheckpointError(f"{origin}: {folder / 'config.json'}: {key} must be a file name, got {value!r}")
-    source_dir = folder / paths["source_path"]
+    source_dir = _inside(folder, paths["source_path"], origin)
     model = _read_json(source_dir / "config.json", origin)
-    weights = source_dir / paths["source_safetensors_path"]
+    weights = _inside(folder, Path(paths["source_path"]) / paths["source_safetensors_path"], origin)
     try:
         config = original_config(wrapper, model)
-    except ConfigError as error:
+        check_temporal_plan(config)
+    except ValueError as error:  # ConfigError, or a temporal plan that does not work out
         raise CheckpointError(f"{origin}: {error}") from None
     try:
         tiling = Tiling(wrapper.get("vae_tile_size", 256), wrapper.get("vae_tile_overlap_min", 64)).check(config)
@@ -473,14 +500,16 @@ _DIFFUSERS_KEYS = {
 def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
     try:
         config = diffusers_config(_read_json(folder / "config.json", origin))
-    except ConfigError as error:
+        check_temporal_plan(config)
+    except ValueError as error:  # ConfigError, or a temporal plan that does not work out
         raise CheckpointError(f"{origin}: {error}") from None
     index = folder / DIFFUSERS_INDEX
     if index.is_file():
         weight_map = _read_json(index, origin).get("weight_map", {})
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{origin}: {index}: weight_map must map tensor names to file names")
-        files = sorted({folder / name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)})
+        names = {name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)}
+        files = sorted(_inside(folder, name, origin) for name in names)
     else:
         files = [folder / DIFFUSERS_SINGLE]
     where, shapes = _headers(files, origin)
@@ -497,12 +526,21 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
         raise CheckpointError(
             f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE file in the original/ComfyUI layout"
         )
+    if len(shapes["decoder.x_embedder.weight"]) != 2:
+        raise CheckpointError(
+            f"{origin}: decoder.x_embedder.weight has shape {list(shapes['decoder.x_embedder.weight'])}, "
+            "expected 2-D (width, latent channels): not a MiniMax-H3 video VAE file"
+        )
     dim, latent_channels = shapes["decoder.x_embedder.weight"]
     blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))}
+    if blocks != set(range(len(blocks))):  # checked before a config sizes anything by the largest index
+        stray = sorted(blocks - set(range(len(blocks))))[:3]
+        raise CheckpointError(
+            f"{origin}: transformer_blocks {stray} do not follow on from blocks 0..{len(blocks) - 1}: a damaged "
+            "or foreign file"
+        )
     default = H3DecoderConfig()
-    fields = dict(
-        latent_channels=latent_channels, num_layers=max(blocks, default=-1) + 1, num_heads=dim // default.head_dim
-    )
+    fields = dict(latent_channels=latent_channels, num_layers=len(blocks), num_heads=dim // default.head_dim)
     stats = {}
     for name in ("latents_mean", "latents_std"):
         if shapes.get(name) == (latent_channels,):
@@ -543,10 +581,12 @@ def _download(repo_id: str, revision: str | None) -> Path:
 
         try:
             sub = ORIGINAL_SUBFOLDERS[0]
-            wrapper = json.loads(fetch(f"{sub}/config.json").read_text())
-            source = wrapper.get("source_path", "source") if isinstance(wrapper, dict) else "source"
+            wrapper = _read_json(fetch(f"{sub}/config.json"), repo_id)  # a broken cached copy: CheckpointError
+            source, weights_name = wrapper.get("source_path", "source"), wrapper.get("source_safetensors_path")
+            if not isinstance(source, str) or not isinstance(weights_name or "", str):
+                raise CheckpointError(f"{repo_id}: {sub}/config.json names its files with non-strings")
             fetch(f"{sub}/{source}/config.json")
-            weights = fetch(f"{sub}/{source}/{wrapper.get('source_safetensors_path', 'model.safetensors')}")
+            weights = fetch(f"{sub}/{source}/{weights_name or 'model.safetensors'}")
             return weights.parents[len(Path(source).parts)]
         except LocalEntryNotFoundError:
             if not local_only:  # the hub was not reached: the other layout would not be either
@@ -555,8 +595,11 @@ def _download(repo_id: str, revision: str | None) -> Path:
             pass
         config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
         try:
-            index = json.loads(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}").read_text())
-            for name in sorted({n for k, n in index["weight_map"].items() if k.startswith(DECODER_PREFIXES)}):
+            index = _read_json(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}"), repo_id)
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
+                raise CheckpointError(f"{repo_id}: {DIFFUSERS_INDEX}: weight_map must map tensor names to file names")
+            for name in sorted({n for k, n in weight_map.items() if k.startswith(DECODER_PREFIXES)}):
                 fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
         except LocalEntryNotFoundError:
             if not local_only:

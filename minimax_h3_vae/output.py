@@ -15,12 +15,14 @@ name the filesystem takes works, and named so that one left by a SIGKILL is easy
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import math
 import os
 import queue
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -81,8 +83,23 @@ def least_bytes(output: Path, frames: int, height: int, width: int) -> int:
     return raw + 256 if output.suffix.lower() == ".safetensors" else int(raw * MP4_MIN_SHARE)
 
 
+def resolve_output(output: Path) -> Path:
+    """Where OUT is written: OUT itself, or for a symbolic link the file it points to (the output is written
+    through the link, as `cp` writes, and the link stays). ValueError for a link loop."""
+    if not output.is_symlink():
+        return output
+    try:
+        os.stat(output)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(f"{output}: is a symbolic link loop; give a file name") from None
+    return Path(os.path.realpath(output))
+
+
 def check_output_name(output: Path) -> None:
     """ValueError for an output this command cannot write (format, folder), before anything is read."""
+    if output.suffix == "" and output.name.lower() in OUTPUT_FORMATS:
+        raise ValueError(f"{output}: has no name before its extension; give one, like video{output.name.lower()}")
     if output.suffix.lower() not in OUTPUT_FORMATS:
         raise ValueError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
     if not output.parent.is_dir():
@@ -96,14 +113,53 @@ def check_output_name(output: Path) -> None:
 
 
 def probe_folder(output: Path) -> None:
-    """ValueError when OUT's folder does not take a new file: a real create-and-remove, not a permission
-    guess (root, read-only mounts and ACLs all answer here)."""
+    """ValueError when OUT's folder does not take a new file (a real create-and-remove, not a permission
+    guess: root, read-only mounts and ACLs all answer here), or when an existing OUT could not be replaced:
+    another user's file in a sticky folder such as /tmp."""
     try:
         os.unlink(create_temp(output))
     except OSError as error:
         raise ValueError(
             f"{output.parent}: cannot create the output there ({error.strerror}); choose a writable folder"
         ) from None
+    try:
+        folder, existing = os.stat(output.parent), os.stat(output)
+    except OSError:
+        return
+    uid = os.geteuid()
+    if folder.st_mode & stat.S_ISVTX and uid not in (0, folder.st_uid, existing.st_uid):
+        raise ValueError(
+            f"{output}: belongs to another user in a sticky folder, so it cannot be replaced; choose another name"
+        )
+
+
+def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, preset: str | None) -> None:
+    """For mp4 output, ValueError with ffmpeg's own reason when the encoder refuses these settings (a frame
+    size libx264 does not take, say): one black frame is encoded to nowhere, before any decoding."""
+    if output.suffix.lower() != ".mp4":
+        return
+    command = [*_encoder_command(width, height, fps, crf, preset), "-frames:v", "1", "-f", "null", "-"]
+    result = subprocess.run(
+        command,
+        input=bytes(width * height * 3),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    if result.returncode:
+        lines = [line.strip() for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
+        reasons = "; ".join(lines[-2:]) or f"exit status {result.returncode}"
+        raise ValueError(f"{output}: ffmpeg cannot encode {width}x{height} frames with these settings ({reasons})")
+
+
+def _encoder_command(width: int, height: int, fps: float, crf: int, preset: str | None) -> list[str]:
+    """ffmpeg reading raw RGB frames from stdin and encoding H.264: the command imageio-ffmpeg's write_frames
+    builds, so the default output is unchanged. crf 0 is RGB 4:4:4, lossless (see Mp4Sink)."""
+    codec, pix_fmt = ("libx264rgb", "rgb24") if crf == 0 else ("libx264", "yuv420p")
+    command = [ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}"]
+    command += ["-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
+    command += ["-vcodec", codec, "-pix_fmt", pix_fmt, "-v", "error", "-crf", str(crf)]
+    return command + (["-preset", preset] if preset else [])
 
 
 def check_free_space(output: Path, needed: int) -> None:
@@ -255,15 +311,18 @@ class Mp4Sink(Sink):
     def __init__(
         self, output: Path, frames: int, height: int, width: int, fps: float, crf: int = 17, preset: str | None = None
     ):
+        self.process = self.log = None
         super().__init__(output, frames, height, width)
-        codec, pix_fmt = ("libx264rgb", "rgb24") if crf == 0 else ("libx264", "yuv420p")
-        # The command imageio-ffmpeg's write_frames builds, so the default output is unchanged.
-        command = [ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}"]
-        command += ["-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
-        command += ["-vcodec", codec, "-pix_fmt", pix_fmt, "-v", "error", "-crf", str(crf)]
-        command += ["-preset", preset] if preset else []
-        command += ["-movflags", "+faststart", str(self.temp)]
-        self.log = tempfile.TemporaryFile()
+        command = [*_encoder_command(width, height, fps, crf, preset), "-movflags", "+faststart", str(self.temp)]
+        try:
+            # ffmpeg's messages, in an unnamed file beside OUT (the folder takes files; the temporary folder
+            # may not exist): nothing to clean up, whatever happens.
+            self.log = tempfile.TemporaryFile(dir=output.parent)
+        except OSError as error:
+            self.discard()
+            raise WriteError(
+                f"{output.parent}: cannot create a file for ffmpeg's messages ({error.strerror})"
+            ) from None
         try:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True
@@ -306,7 +365,8 @@ class Mp4Sink(Sink):
                 self.process.stdin.close()
             except OSError:
                 pass
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
 
 
 def count_mp4_frames(path: Path) -> int | None:
@@ -370,11 +430,16 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
-            frames, copied, buffer = item
+            frames, copied, buffer, finite = item
             if self.error is None and not self.cancelled:
                 try:
                     if copied is not None:
                         copied.synchronize()
+                    if finite is not None and not bool(finite):
+                        raise WriteError(
+                            f"{self.sink.output}: the decoded frames hold NaN or Inf (latents or weights out of "
+                            "range); nothing was written"
+                        )
                     self.sink.write(frames)
                     self.first_written = self.first_written or time.perf_counter()
                 except BaseException as error:  # handed to the caller; keep draining so it never blocks
@@ -382,7 +447,9 @@ class BackgroundWriter:
             if buffer is not None:
                 self.idle.put(buffer)
 
-    def put(self, frames) -> None:
+    def put(self, frames, finite=None) -> None:
+        """frames: one chunk's uint8 frames. finite: a bool tensor on the frames' device, False when the
+        chunk they were made from held NaN or Inf; read only after the copy landed, so it costs no wait."""
         if self.error is not None:
             raise self.error
         buffer = copied = None
@@ -390,12 +457,14 @@ class BackgroundWriter:
             buffer = self._buffer(frames.numel())
             host = buffer[: frames.numel()].view(frames.shape)
             host.copy_(frames, non_blocking=True)
+            if finite is not None:  # to the host with the frames, so that reading it waits for nothing else
+                finite = torch.empty((), dtype=torch.bool, pin_memory=True).copy_(finite, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(torch.cuda.current_stream(frames.device))
             earlier, self.last_copy, frames = self.last_copy, copied, host
             if earlier is not None:
                 earlier.synchronize()
-        self.queue.put((frames, copied, buffer))
+        self.queue.put((frames, copied, buffer, finite))
 
     def _buffer(self, size: int):
         """A pinned uint8 buffer of at least `size` bytes: one the thread is done with, or a new one while
@@ -436,4 +505,4 @@ class BackgroundWriter:
 def check_fps(fps: float, where: str) -> None:
     low, high = FPS_RANGE
     if not (math.isfinite(fps) and low <= fps <= high):
-        raise ValueError(f"{where} must be a frame rate between {low:g} and {high:g}, got {fps:g}")
+        raise ValueError(f"{where} must be a frame rate between {low:g} and {high:g}, got {fps!r}")

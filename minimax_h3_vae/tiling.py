@@ -259,3 +259,24 @@ def join_chunks(clips: Iterable[torch.Tensor], plan: ChunkPlan, config: H3Decode
             remaining = 0
         yield emit
         del clip, body, emit
+
+
+def check_temporal_plan(config: H3DecoderConfig) -> None:
+    """ValueError unless the temporal plan of `config` decodes every clip length: for each T up to three
+    windows (past that the plan repeats), every window lies within the padded latents and the chunks hold
+    exactly `out_frames` frames. Some clip_length / token_drop pairs a config file may hold do not."""
+    window = config.chunk_latents + config.chunk_overlap_latents
+    for frames in range(1, 3 * window + 2):
+        plan = plan_chunks(frames, config)
+        clips = [torch.zeros(1, 1, plan.window * config.patch_size_t, 1, 1) for _ in plan.starts]
+        try:
+            got = sum(chunk.shape[2] for chunk in join_chunks(iter(clips), plan, config))
+        except (IndexError, RuntimeError):
+            got = -1
+        fits = bool(plan.starts) and plan.starts[-1] + plan.window <= plan.padded_frames
+        if not fits or got != plan.out_frames or plan.out_frames < 1:
+            raise ValueError(
+                f"clip_length {config.clip_length} with token_drop {config.token_drop} gives no temporal plan for "
+                f"{frames} latent frames: not an encoder's chunking (the release: 17 and 3; an encoder drops fewer "
+                "latents than a chunk holds)"
+            )

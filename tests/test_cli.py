@@ -515,7 +515,8 @@ def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
     latents = write_latents(tmp_path / "in.safetensors", small_latents())
     code, err = run_cli(cli, capsys, latents, tmp_path / "a.safetensors", "--model", TINY)
-    assert code == 0 and "fused ops" in err
+    # The line names the ops that run: on the CPU the kernels run only under the Triton interpreter.
+    assert code == 0 and ("fused ops" if os.environ.get("TRITON_INTERPRET") == "1" else "eager ops") in err
     code, err = run_cli(cli, capsys, latents, tmp_path / "b.safetensors", "--model", TINY, "--eager")
     assert code == 0 and "eager ops" in err
 

@@ -410,12 +410,12 @@ def test_absurd_config_is_refused_before_allocating(capsys, tmp_path, monkeypatc
     from minimax_h3_vae import model as model_module
 
     monkeypatch.setattr(model_module.ViTDecoder, "__init__", lambda *a: pytest.fail("built the model"))
-    model = edit_config(tmp_path, lambda c: c["vit_decoder_kwargs"].update(num_layers=10**6))
+    model = edit_config(tmp_path, lambda c: c["vit_decoder_kwargs"].update(num_layers=1000))
     start = time.monotonic()
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", "--model", model)
     assert code == 2 and time.monotonic() - start < 10
-    assert "num_layers 1000000 (the tensors hold 2 blocks)" in one_error_line(err)
-    with pytest.raises(loading.CheckpointError, match="num_layers 1000000"):
+    assert "num_layers 1000 (the tensors hold 2 blocks)" in one_error_line(err)
+    with pytest.raises(loading.CheckpointError, match="num_layers 1000 "):
         H3VideoDecoder.from_pretrained(model, device="cpu")
 
 
@@ -467,7 +467,7 @@ def _fifo_input(tmp_path):
 
 CONTRACT = {
     "float8_latents": (_float8, "floating point"),
-    "overflow_after_denormalising": (_overflow, "overflow float32 when denormalised"),
+    "overflow_after_denormalising": (_overflow, "beyond +-10000"),
     "nan_in_latents_std": (_wrapper(_std_nan), "latents_std"),
     "config_is_a_list": (_wrapper(lambda w: [w]), "JSON object"),
     "vit_kwargs_is_a_list": (_config(lambda c: c.update(vit_decoder_kwargs=[1])), "JSON object"),
