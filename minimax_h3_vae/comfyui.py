@@ -11,12 +11,14 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .decoding import H3VideoDecoder
 from .frames import to_unit_rgb
 from .latents import check_latents, denormalize_latents
+from .loading import Checkpoint, load_checkpoint
 from .runtime import DecodeOptions, Runtime, resolve_call
 from .tiling import plan_chunks
 
@@ -41,8 +43,8 @@ class NodeDecoder:
         return resolve_call(self.decoder.runtime, self.decoder.config, tile_batch=self.tile_batch)
 
 
-# The last loaded decoder, keyed by (file, size, mtime, load options). One entry: a second one would hold
-# another 4.8 GB of weights on the GPU.
+# The last loaded decoder, keyed by the identity of every file it was read from and the load options. One
+# entry: a second one would hold another 4.8 GB of weights on the GPU.
 _cache: dict[tuple, H3VideoDecoder] = {}
 
 
@@ -87,11 +89,11 @@ class H3DecoderLoader:
         fused_flag = {"auto": None, "on": True, "off": False}[fused]
         options = DecodeOptions(device=_device(), fused=fused_flag, tile_batch=tile_batch or None)
         shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
-        stat = os.stat(source)
-        key = (os.path.realpath(source), stat.st_size, stat.st_mtime_ns, shared)
+        checkpoint = load_checkpoint(source)  # its headers only: which files it is read from
+        key = (_identity(source, checkpoint), shared)
         if key not in _cache:
             _cache.clear()  # free the previous decoder before loading the next
-            _cache[key] = H3VideoDecoder.from_pretrained(source, options=shared)
+            _cache[key] = H3VideoDecoder.from_checkpoint(checkpoint, shared)
         return (NodeDecoder(_cache[key], options.tile_batch),)
 
 
@@ -134,6 +136,19 @@ class H3Decode:
             images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
             start += count
         return (images.view(batch * frames, *images.shape[2:]),)
+
+
+def _identity(source: str, checkpoint: Checkpoint) -> tuple:
+    """(path, size, mtime, inode) of every file the checkpoint is read from, its weights and its configs: a
+    file rewritten in place, or swapped for another, is a different checkpoint."""
+    files = set(checkpoint.files.values())
+    if os.path.isdir(source):
+        files.update(Path(source).rglob("*.json"))
+    identity = []
+    for path in sorted(files):
+        stat = os.stat(path)
+        identity.append((os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return tuple(identity)
 
 
 def _source(vae_name: str, path: str) -> str:

@@ -85,6 +85,10 @@ class H3VideoDecoder(H3Decoder):
     def runtime(self) -> Runtime:
         return self._runtime
 
+    @runtime.setter
+    def runtime(self, value) -> None:
+        raise ValueError("decoder.runtime is read-only: change run settings with decoder.configure(...)")
+
     def configure(self, **changes) -> H3VideoDecoder:
         """Change run settings for every later call (fused, tile_batch, tiling, output_rank,
         attention_backends), checked as at load; returns self."""
@@ -152,8 +156,33 @@ class H3VideoDecoder(H3Decoder):
         The latents and options are checked here, before the first chunk is asked for.
         """
         runtime = resolve_call(self._runtime, self.config, **options)
+        self._check_runnable(runtime)
         check_latents(z, self.config.latent_channels)
         return _stream(self, runtime, z, progress)
+
+    def _check_runnable(self, runtime: Runtime) -> None:
+        """ValueError for a decoder that cannot decode as it stands: weights without values, a recipe broken
+        by a cast, an output rank that does not exist."""
+        if self.device.type == "meta":
+            raise ValueError(
+                "the decoder's weights are on the meta device and hold no values: load it with from_pretrained"
+            )
+        fp32 = (self.post_quant_conv.weight, self.decoder.x_embedder.weight, self.decoder.proj_out.weight)
+        if any(weight.dtype != torch.float32 for weight in fp32) or self.compute_dtype not in (
+            torch.float32,
+            torch.float16,
+        ):
+            raise ValueError(
+                f"the decoder's weights were cast ({self.decoder.x_embedder.weight.dtype}, block linears "
+                f"{self.compute_dtype}; decoder.to(dtype)?): the precision recipe is chosen at load, "
+                "from_pretrained(dtype='fp16' or 'fp32'), or to_release_fp16() on an fp32 decoder"
+            )
+        ranks = distributed.rank_and_world()[1]
+        if runtime.output_rank is not None and runtime.output_rank >= ranks:
+            raise ValueError(
+                f"output_rank {runtime.output_rank}: there are {ranks} process(es) (ranks 0 to {ranks - 1}); "
+                "use None (every rank) or an existing rank"
+            )
 
     def decode(self, z: torch.Tensor, progress: Progress | None = None, **options) -> torch.Tensor | None:
         """Raw (denormalised) latents (B, 24, T, h, w) -> video (B, 3, F, 16h, 16w), float32, in the

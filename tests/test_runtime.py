@@ -100,8 +100,9 @@ def test_runtime_is_frozen_and_per_model(layouts):
     assert b.tile_batch is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.runtime.tile_batch = 5
-    with pytest.raises(AttributeError):
-        a.runtime = Runtime()
+    for value in (Runtime(), None):
+        with pytest.raises(ValueError, match="read-only: change run settings with decoder.configure"):
+            a.runtime = value
 
 
 @pytest.mark.parametrize(
