@@ -533,11 +533,11 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
         )
     dim, latent_channels = shapes["decoder.x_embedder.weight"]
     blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))}
-    if blocks != set(range(len(blocks))):  # checked before a config sizes anything by the largest index
-        stray = sorted(blocks - set(range(len(blocks))))[:3]
+    run = next(i for i in range(len(blocks) + 1) if i not in blocks)  # blocks 0 .. run - 1 are all there
+    if run != len(blocks):  # checked before a config sizes anything by the largest index
+        stray = sorted(b for b in blocks if b >= run)[:3]
         raise CheckpointError(
-            f"{origin}: transformer_blocks {stray} do not follow on from blocks 0..{len(blocks) - 1}: a damaged "
-            "or foreign file"
+            f"{origin}: transformer_blocks {stray} do not follow on from blocks 0..{run - 1}: a damaged or foreign file"
         )
     default = H3DecoderConfig()
     fields = dict(latent_channels=latent_channels, num_layers=len(blocks), num_heads=dim // default.head_dim)

@@ -223,7 +223,11 @@ def test_output_is_a_checkpoint_file(capsys, tmp_path, how):
 # ---- 3. signals --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    "signum, code",
+    [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
+    + [(s, 128 + s) for s in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM, signal.SIGXCPU)],  # issue 18, row 10
+)
 def test_signal_during_decoding(tmp_path, signum, code):
     """A real process, a real signal once its temporary output exists and frames are being decoded."""
     out = tmp_path / "v.mp4"
