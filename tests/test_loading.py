@@ -757,3 +757,39 @@ def test_diffusers_config_checked_against_tensor_headers(layouts, tmp_path):
     assert "num_layers 1000 " in load_error(folder)
     edit_json(folder / "config.json", lambda c: c.update(decoder_num_layers=2, decoder_ffn_mult=3))
     assert "ffn_mult 3 (the tensors say 4)" in load_error(folder)
+
+
+@pytest.mark.parametrize(
+    "content, words", [("[1, 2]", "must hold a JSON object"), ('{"source_path": ', "not valid JSON")]
+)
+def test_hub_cached_config_that_is_broken(fake_hub, layouts, content, words):
+    """Issue 18, row 12: a cached hub config holding an array or truncated JSON is a CheckpointError (exit
+    2 at the command), not an AttributeError or a JSONDecodeError."""
+    add, _ = fake_hub
+    snapshot = add("Org/Broken", original_files(layouts))
+    (snapshot / "FL2VA/video_vae/config.json").write_text(content)
+    with pytest.raises(CheckpointError, match=words):
+        loading.load_checkpoint("Org/Broken")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [('{"heads": ' + "9" * 5000 + "}", "not valid JSON"), ("[" * 100000 + "]" * 100000, "not valid JSON")],
+)
+def test_json_that_breaks_the_parser(layouts, tmp_path, text, words):
+    """Issue 18, row 12: a 5000-digit number and 100000-deep nesting are bad input, not a ValueError or a
+    RecursionError escaping."""
+    folder = copy_original(layouts, tmp_path)
+    (folder / "source" / "config.json").write_text(text)
+    assert words in load_error(folder)
+
+
+def test_one_dimensional_embedder_in_a_single_file(layouts, tmp_path):
+    """Issue 18, row 12: a ComfyUI-style file whose decoder.x_embedder.weight is 1-D."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(layouts["comfyui"]))
+    tensors["decoder.x_embedder.weight"] = tensors["decoder.x_embedder.weight"].flatten()
+    path = tmp_path / "flat.safetensors"
+    save_file(tensors, str(path))
+    assert "expected 2-D" in load_error(path)
