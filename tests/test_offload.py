@@ -172,7 +172,7 @@ def test_cli_offload_blocks_writes_the_resident_frames(tmp_path, capsys, one_thr
     assert torch.equal(outputs["none"], outputs["blocks"])
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "lots"])
+@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "lots", "1e300", "1e-300"])
 def test_cli_rejects_a_bad_memory_cap(tmp_path, capsys, value):
     from safetensors.torch import save_file
 
