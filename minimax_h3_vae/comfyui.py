@@ -110,7 +110,8 @@ class H3Decode:
         return {"required": {"decoder": (DECODER_TYPE,), "samples": ("LATENT",)}}
 
     def decode(self, decoder: NodeDecoder, samples: dict) -> tuple[torch.Tensor]:
-        """samples["samples"]: normalised latents (B, 24, T, h, w), as ComfyUI stores H3 latents -> IMAGE
+        """samples["samples"]: normalised latents (B, 24, T, h, w), as ComfyUI stores H3 latents, or the packed
+        audio + video latent of ComfyUI's H3 sampler (its video part is decoded, `video_latents`) -> IMAGE
         (B * F, 16h, 16w, 3) float32 in [0, 1] on the CPU, video b's frames at [b * F, (b + 1) * F).
 
         The frames are written chunk by chunk into one preallocated CPU tensor, so GPU memory holds one
@@ -118,7 +119,7 @@ class H3Decode:
         """
         model = decoder.decoder
         c = model.config
-        z = samples["samples"]
+        z = video_latents(samples["samples"])
         check_latents(z, c.latent_channels)
         z = denormalize_latents(z.to(model.device), c)
         batch, _, latent_frames, height, width = z.shape
@@ -136,6 +137,17 @@ class H3Decode:
             images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
             start += count
         return (images.view(batch * frames, *images.shape[2:]),)
+
+
+def video_latents(samples):
+    """The video part of a LATENT's samples: a plain (B, 24, T, h, w) tensor as it is, or, for the packed
+    audio + video latent that ComfyUI's H3 sampler outputs (a ComfyUI NestedTensor: not a torch.Tensor,
+    `is_nested` True, `unbind()` giving (video, audio)), its first part, as ComfyUI's VAE Decode takes it."""
+    if not isinstance(samples, torch.Tensor) and getattr(samples, "is_nested", False) and hasattr(samples, "unbind"):
+        return samples.unbind()[0]
+    if isinstance(samples, torch.Tensor) and samples.is_nested:
+        raise ValueError("a torch nested tensor is not an H3 LATENT: give the (B, 24, T, h, w) video latents")
+    return samples
 
 
 def _identity(source: str, checkpoint: Checkpoint) -> tuple:

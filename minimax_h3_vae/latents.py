@@ -114,6 +114,12 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
     return path
 
 
+# ComfyUI's SaveLatent writes `.latent` files: the LATENT's samples under this key (H3's normalised latents,
+# as ComfyUI holds them), beside an empty marker tensor for its format version.
+COMFYUI_KEY = "latent_tensor"
+COMFYUI_VERSION_KEY = "latent_format_version_0"
+
+
 @dataclass(frozen=True)
 class LatentsFile:
     """What the header of a latents file says, before any tensor data is read."""
@@ -135,8 +141,9 @@ def check_latents_path(path: Path) -> None:
 
 
 def read_latents_header(path: Path) -> LatentsFile:
-    """The latents' tensor name (`latents`, or the file's only tensor), shape and fps metadata, from the
-    header alone; ValueError naming the problem if the decoder cannot take them."""
+    """The latents' tensor name (`latents`; `latent_tensor` of a ComfyUI `.latent` file; or the file's only
+    tensor), shape and fps metadata, from the header alone; ValueError naming the problem if the decoder
+    cannot take them."""
     check_latents_path(path)
     try:
         header = read_header(path)
@@ -144,15 +151,19 @@ def read_latents_header(path: Path) -> LatentsFile:
         raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
     except ValueError as error:
         raise ValueError(f"{path}: not a readable .safetensors file ({error})") from None
-    keys = list(header.tensors)
+    keys = [key for key in header.tensors if key != COMFYUI_VERSION_KEY]
     if "latents" in keys:
         key = "latents"
+    elif COMFYUI_KEY in keys:
+        key = COMFYUI_KEY
     elif len(keys) == 1:
         key = keys[0]
     else:
         raise ValueError(f"{path}: no tensor named 'latents' among {keys[:8]}; name it 'latents'")
     entry = header.tensors[key]
     shape = entry.shape[1:] if len(entry.shape) == 5 and entry.shape[0] == 1 else entry.shape
+    if len(entry.shape) == 5 and entry.shape[0] > 1:
+        raise ValueError(f"{path}: holds a batch of {entry.shape[0]} videos {entry.shape}; the command decodes one")
     if len(shape) != 4:
         raise ValueError(f"{path}: latents must be shaped (24, T, h, w) or (1, 24, T, h, w), got {shape}")
     if min(shape) == 0:

@@ -101,3 +101,31 @@ def test_imports_stay_optional():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "[]"
+
+
+class PackedLatent:
+    """A stand-in for ComfyUI's NestedTensor as its H3 sampler outputs it (issue 19): not a torch.Tensor,
+    `is_nested` True, `unbind()` gives (video (B, 24, T, h, w), audio)."""
+
+    is_nested = True
+
+    def __init__(self, video: torch.Tensor, audio: torch.Tensor):
+        self.parts = (video, audio)
+
+    def unbind(self):
+        return self.parts
+
+
+def test_packed_audio_video_latent_decodes_its_video(loaded):
+    video = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(7))
+    audio = torch.randn(1, 8, 40, generator=torch.Generator().manual_seed(8))
+    decode = NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]()
+    (from_packed,) = decode.decode(loaded, {"samples": PackedLatent(video, audio)})
+    (from_plain,) = decode.decode(loaded, {"samples": video})
+    assert torch.equal(from_packed, from_plain) and from_plain.shape == (9, 80, 112, 3)
+
+
+def test_a_torch_nested_tensor_is_not_a_latent(loaded):
+    nested = torch.nested.nested_tensor([torch.zeros(24, 3, 5, 7), torch.zeros(24, 3, 5, 7)])
+    with pytest.raises(ValueError, match="nested tensor is not an H3 LATENT"):
+        NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(loaded, {"samples": nested})

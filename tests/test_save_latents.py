@@ -48,3 +48,29 @@ def test_bad_arguments(tmp_path, latents, fps, message):
     with pytest.raises(ValueError, match=message):
         save_latents(tmp_path / "x.safetensors", latents, fps=fps)
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_the_command_reads_a_comfyui_latent_file(tmp_path):
+    """ComfyUI's SaveLatent file (issue 19): `latent_tensor` (1, 24, T, h, w), normalised, beside an empty
+    `latent_format_version_0`: the command decodes it as the same latents saved with save_latents."""
+    from safetensors.torch import save_file
+
+    z = torch.randn(1, 24, 3, 2, 2, generator=torch.Generator().manual_seed(3))
+    comfy = tmp_path / "ComfyUI_00001_.latent"
+    save_file({"latent_tensor": z, "latent_format_version_0": torch.tensor([])}, str(comfy))
+    ours = save_latents(tmp_path / "z.safetensors", z)
+    outputs = []
+    for source in (comfy, ours):
+        out = tmp_path / f"{source.stem}.out.safetensors"
+        assert (
+            cli_module.main(
+                [str(source), str(out), "--model", str(REPO / "examples" / "tiny_h3_vae"), "--device", "cpu"]
+            )
+            == 0
+        )
+        outputs.append(load_file(str(out))["video"])
+    assert torch.equal(outputs[0], outputs[1])
+    batch = tmp_path / "batch.latent"
+    save_file({"latent_tensor": torch.zeros(2, 24, 3, 2, 2), "latent_format_version_0": torch.tensor([])}, str(batch))
+    with pytest.raises(ValueError, match="a batch of 2 videos"):
+        read_latents_header(batch)
