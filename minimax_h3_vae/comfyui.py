@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from . import memory
 from .decoding import H3VideoDecoder
 from .frames import to_unit_rgb
 from .latents import check_latents, denormalize_latents
-from .loading import Checkpoint, load_checkpoint
+from .loading import Checkpoint, checkpoint_in_memory, comfyui_config, load_checkpoint
 from .runtime import DecodeOptions, Runtime, resolve_call
 from .tiling import plan_chunks
 
@@ -117,26 +120,135 @@ class H3Decode:
         The frames are written chunk by chunk into one preallocated CPU tensor, so GPU memory holds one
         temporal chunk of output at a time.
         """
-        model = decoder.decoder
-        c = model.config
+        return (decode_to_images(decoder.decoder, video_latents(samples["samples"]), decoder.tile_batch),)
+
+
+class H3DecodeWithVAE:
+    """Decodes a MiniMax-H3 LATENT with minimax_h3_vae, built from the ComfyUI VAE the workflow already holds
+    (no second copy of the weights is read)."""
+
+    DESCRIPTION = (
+        "Decodes MiniMax-H3 video latents with minimax_h3_vae, using the weights of the VAE already loaded; "
+        "falls back to the VAE's own decode for quantized or not yet loaded weights."
+    )
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "decode"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": ("VAE",),
+                "samples": ("LATENT",),
+                "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
+                "tile_batch": (
+                    "INT",
+                    {"default": 0, "min": 0, "max": 4096, "tooltip": "tiles per decoder call; 0: as many as fit"},
+                ),
+            }
+        }
+
+    def decode(self, vae, samples: dict, fused: str = "auto", tile_batch: int = 0) -> tuple[torch.Tensor]:
+        """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` (once per VAE and weights,
+        `decoder_for_vae`)."""
+        options = DecodeOptions(
+            device=_device(), fused={"auto": None, "on": True, "off": False}[fused], tile_batch=tile_batch or None
+        )
         z = video_latents(samples["samples"])
-        check_latents(z, c.latent_channels)
-        z = denormalize_latents(z.to(model.device), c)
-        batch, _, latent_frames, height, width = z.shape
-        frames = plan_chunks(latent_frames, c).out_frames
-        images = torch.empty(batch, frames, height * c.patch_size, width * c.patch_size, c.out_channels)
-        utils = _optional("comfy.utils")
-        bar = utils.ProgressBar(1) if utils is not None else None
+        model = decoder_for_vae(vae, options.replace(tile_batch=None))
+        if model is None:
+            warnings.warn(
+                "minimax_h3_vae: this VAE's weights are quantized or not loaded; decoding with the VAE's own decode",
+                stacklevel=2,
+            )
+            video = vae.decode(z)  # ComfyUI's VAE.decode: (B, F, H, W, 3) frames in [0, 1]
+            return (video.reshape(-1, *video.shape[-3:]),)
+        return (decode_to_images(model, z, options.tile_batch),)
 
-        def progress(done: int, total: int) -> None:
-            bar.update_absolute(done, total)
 
-        start = 0
-        for chunk in model.decode_stream(z, progress if bar is not None else None, tile_batch=decoder.tile_batch):
-            count = chunk.shape[2]
-            images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
-            start += count
-        return (images.view(batch * frames, *images.shape[2:]),)
+def decode_to_images(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> torch.Tensor:
+    """Normalised latents (B, 24, T, h, w) -> IMAGE (B * F, 16h, 16w, 3) float32 in [0, 1] on the CPU, video
+    b's frames at [b * F, (b + 1) * F). The frames are written chunk by chunk into one preallocated CPU
+    tensor, so GPU memory holds one temporal chunk of output at a time; ComfyUI is asked to free what the
+    decode's memory plan needs first, and its progress bar follows the tiles."""
+    c = model.config
+    check_latents(z, c.latent_channels)
+    z = denormalize_latents(z.to(model.device), c)
+    batch, _, latent_frames, height, width = z.shape
+    _free_memory(model, z, tile_batch)
+    frames = plan_chunks(latent_frames, c).out_frames
+    images = torch.empty(batch, frames, height * c.patch_size, width * c.patch_size, c.out_channels)
+    utils = _optional("comfy.utils")
+    bar = utils.ProgressBar(1) if utils is not None else None
+
+    def progress(done: int, total: int) -> None:
+        bar.update_absolute(done, total)
+
+    start = 0
+    for chunk in model.decode_stream(z, progress if bar is not None else None, tile_batch=tile_batch):
+        count = chunk.shape[2]
+        images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
+        start += count
+    return images.view(batch * frames, *images.shape[2:])
+
+
+def _free_memory(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> None:
+    """Inside ComfyUI on CUDA: ask its model management to make room for this decode's memory plan."""
+    management = _optional("comfy.model_management")
+    if management is None or model.device.type != "cuda" or not hasattr(management, "free_memory"):
+        return
+    batch, channels, frames, h, w = z.shape
+    need = memory.plan(
+        model.config,
+        (channels, frames, h, w),
+        dtype=model.compute_dtype,
+        device_type="cuda",
+        offload=model.runtime.offload,
+        tiling=model.runtime.tiling,
+        tile_batch=tile_batch,
+        batch=batch,
+    )
+    management.free_memory(need.device - need.weights - need.streamed_slots, model.device)
+
+
+# Decoders made from ComfyUI VAEs: first_stage_model -> (its weights' identity, the options, the decoder).
+# Weakly keyed: when ComfyUI drops the VAE, its decoder goes with it.
+_vae_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The parts of an H3 video VAE's first_stage_model our decoder is made from (ComfyUI names them as the release).
+_H3_VIDEO_PARTS = ("decoder.x_embedder", "decoder.transformer_blocks", "decoder.proj_out", "post_quant_conv")
+
+
+def decoder_for_vae(vae, options: DecodeOptions) -> H3VideoDecoder | None:
+    """Our decoder for a ComfyUI VAE holding MiniMax-H3's video VAE, made once per VAE and weights (rebuilt
+    when a weight is replaced or changed in place), sharing its tensors where the recipe's dtype and the
+    device allow. None when its weights are quantized or not loaded (meta); ValueError for another VAE."""
+    stage = getattr(vae, "first_stage_model", None)
+    if not isinstance(stage, torch.nn.Module) or not all(_has(stage, part) for part in _H3_VIDEO_PARTS):
+        raise ValueError("this VAE is not MiniMax-H3's video VAE (its model has no ViT decoder): use VAE Decode")
+    everything = stage.state_dict(keep_vars=True)
+    stats = ("latents_mean", "latents_std")
+    names = [k for k in everything if k.startswith(("decoder.", "post_quant_conv.")) or k in stats]
+    state = {k: everything[k].detach() for k in names}  # a quantized weight stays its own tensor type here
+    if any(type(t) is not torch.Tensor or t.is_meta or not t.is_floating_point() for t in state.values()):
+        return None
+    identity = tuple((k, t.data_ptr(), t._version, t.dtype, t.device) for k, t in state.items())
+    cached = _vae_decoders.get(stage)
+    if cached is not None and cached[:2] == (identity, options):
+        return cached[2]
+    shapes = {k: tuple(t.shape) for k, t in state.items()}
+    config = comfyui_config(shapes, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
+    model = H3VideoDecoder.from_checkpoint(checkpoint_in_memory(state, config, "original", "the ComfyUI VAE"), options)
+    _vae_decoders[stage] = (identity, options, model)
+    return model
+
+
+def _has(module: torch.nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
 
 
 def video_latents(samples):
@@ -181,8 +293,13 @@ def _device() -> torch.device | None:
     return management.get_torch_device() if management is not None else None
 
 
-NODE_CLASS_MAPPINGS = {"MiniMaxH3DecoderLoader": H3DecoderLoader, "MiniMaxH3Decode": H3Decode}
+NODE_CLASS_MAPPINGS = {
+    "MiniMaxH3DecoderLoader": H3DecoderLoader,
+    "MiniMaxH3Decode": H3Decode,
+    "MiniMaxH3DecodeWithVAE": H3DecodeWithVAE,
+}
 NODE_DISPLAY_NAME_MAPPINGS = {
     "MiniMaxH3DecoderLoader": "Load MiniMax-H3 Decoder (minimax_h3_vae)",
     "MiniMaxH3Decode": "MiniMax-H3 Decode (minimax_h3_vae)",
+    "MiniMaxH3DecodeWithVAE": "MiniMax-H3 Decode with VAE (minimax_h3_vae)",
 }

@@ -522,14 +522,28 @@ def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
 
 def _open_comfyui(path: Path, origin: str) -> Checkpoint:
     where, shapes = _headers([path], origin)
+
+    def read_stat(name: str) -> tuple[float, ...]:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            return tuple(handle.get_tensor(name).float().tolist())
+
+    return Checkpoint("comfyui", comfyui_config(shapes, read_stat, origin), where, shapes, origin)
+
+
+def comfyui_config(
+    shapes: dict[str, tuple[int, ...]], read_stat: Callable[[str], tuple[float, ...]], origin: str
+) -> H3DecoderConfig:
+    """The config of a checkpoint without one (a ComfyUI file, or the weights of a ComfyUI VAE in memory):
+    the released architecture, with the width, block count and latent channels read off the tensor shapes
+    and the latent statistics from its `latents_mean` / `latents_std` tensors when present (`read_stat`)."""
     if "decoder.x_embedder.weight" not in shapes:
         raise CheckpointError(
-            f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE file in the original/ComfyUI layout"
+            f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE in the original/ComfyUI layout"
         )
     if len(shapes["decoder.x_embedder.weight"]) != 2:
         raise CheckpointError(
             f"{origin}: decoder.x_embedder.weight has shape {list(shapes['decoder.x_embedder.weight'])}, "
-            "expected 2-D (width, latent channels): not a MiniMax-H3 video VAE file"
+            "expected 2-D (width, latent channels): not a MiniMax-H3 video VAE"
         )
     dim, latent_channels = shapes["decoder.x_embedder.weight"]
     blocks = {int(m.group(1)) for k in shapes if (m := re.match(r"decoder\.transformer_blocks\.(\d+)\.", k))}
@@ -541,16 +555,13 @@ def _open_comfyui(path: Path, origin: str) -> Checkpoint:
         )
     default = H3DecoderConfig()
     fields = dict(latent_channels=latent_channels, num_layers=len(blocks), num_heads=dim // default.head_dim)
-    stats = {}
-    for name in ("latents_mean", "latents_std"):
-        if shapes.get(name) == (latent_channels,):
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                stats[name] = tuple(handle.get_tensor(name).float().tolist())
+    stats = {
+        name: read_stat(name) for name in ("latents_mean", "latents_std") if shapes.get(name) == (latent_channels,)
+    }
     try:
-        config = H3DecoderConfig(**fields, **stats)
+        return H3DecoderConfig(**fields, **stats)
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
-    return Checkpoint("comfyui", config, where, shapes, origin)
 
 
 # ---- the hub ------------------------------------------------------------------------------------------------

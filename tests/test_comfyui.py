@@ -11,8 +11,10 @@ import pytest
 import torch
 from conftest import REPO
 
-from minimax_h3_vae import comfyui, denormalize_latents, to_unit_rgb
+from minimax_h3_vae import H3VideoDecoder, comfyui, denormalize_latents, to_unit_rgb
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, PATH_CHOICE
+
+TINY = REPO / "examples" / "tiny_h3_vae"
 
 
 @pytest.fixture
@@ -27,7 +29,15 @@ def loaded(layouts):
 
 
 def test_node_contract():
-    assert set(NODE_CLASS_MAPPINGS) == set(NODE_DISPLAY_NAME_MAPPINGS) == {"MiniMaxH3DecoderLoader", "MiniMaxH3Decode"}
+    assert (
+        set(NODE_CLASS_MAPPINGS)
+        == set(NODE_DISPLAY_NAME_MAPPINGS)
+        == {
+            "MiniMaxH3DecoderLoader",
+            "MiniMaxH3Decode",
+            "MiniMaxH3DecodeWithVAE",
+        }
+    )
     loader, decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"], NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]
     inputs = loader.INPUT_TYPES()["required"]
     assert list(inputs) == ["vae_name", "path", "fused", "tile_batch"]
@@ -129,3 +139,90 @@ def test_a_torch_nested_tensor_is_not_a_latent(loaded):
     nested = torch.nested.nested_tensor([torch.zeros(24, 3, 5, 7), torch.zeros(24, 3, 5, 7)])
     with pytest.raises(ValueError, match="nested tensor is not an H3 LATENT"):
         NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(loaded, {"samples": nested})
+
+
+# ---- decoding with the ComfyUI VAE the workflow already holds (issue 19) -----------------------------------
+
+
+def stand_in_vae(seed_offset: float = 0.0):
+    """A stand-in for ComfyUI's `VAE` holding H3's video VAE: `first_stage_model` has the release's module
+    names (decoder.x_embedder, decoder.transformer_blocks.N..., decoder.mask_token, post_quant_conv) and the
+    latent statistics as buffers, filled from the tiny checkpoint; `decode` stands for ComfyUI's own."""
+    from safetensors.torch import load_file
+
+    from minimax_h3_vae.model import H3Decoder
+
+    tensors = load_file(str(TINY / "video_vae" / "source" / "model.safetensors"))
+    config = H3VideoDecoder.from_pretrained(TINY, device="cpu").config
+    stage = H3Decoder(config)
+    stage.decoder.register_buffer("mask_token", torch.zeros(1, 1, config.dim))
+    stage.register_buffer("latents_mean", torch.tensor(config.latents_mean))
+    stage.register_buffer("latents_std", torch.tensor(config.latents_std))
+    stage.load_state_dict({k: v for k, v in tensors.items() if k in stage.state_dict()}, strict=False)
+
+    class VAE:
+        first_stage_model = stage
+        decoded = []
+
+        def decode(self, z):
+            self.decoded.append(z.shape)
+            return torch.zeros(z.shape[0], 9, 16 * z.shape[-2], 16 * z.shape[-1], 3)
+
+    return VAE()
+
+
+def test_vae_node_equals_the_loader_path():
+    from minimax_h3_vae.comfyui import _vae_decoders
+
+    comfyui._cache.clear()
+    z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(9))
+    (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 2)
+    (expected,) = NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z})
+    comfyui._cache.clear()
+    vae = stand_in_vae()
+    decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]()
+    (images,) = decode.decode(vae, {"samples": z}, "off", 2)
+    assert torch.equal(images, expected)
+    made = _vae_decoders[vae.first_stage_model][2]
+    linear = vae.first_stage_model.decoder.proj_out.weight
+    assert made.decoder.proj_out.weight.data_ptr() == linear.data_ptr(), "fp32 weights shared, not copied"
+    decode.decode(vae, {"samples": z}, "off", 2)
+    assert _vae_decoders[vae.first_stage_model][2] is made, "made once per VAE"
+    with torch.no_grad():
+        linear.mul_(2)  # weights changed in place: made again
+    decode.decode(vae, {"samples": z}, "off", 2)
+    assert _vae_decoders[vae.first_stage_model][2] is not made
+
+
+def test_vae_node_decodes_normalised_latents_once():
+    """The node denormalises once, as ComfyUI's VAE does: its frames are those of the raw latents
+    `z * std + mean`, not of latents denormalised twice."""
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(10))
+    vae = stand_in_vae()
+    (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 0)
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu", fused=False)
+    once = to_unit_rgb(model.decode(denormalize_latents(z, model.config)))[0].permute(1, 2, 3, 0)
+    twice = to_unit_rgb(model.decode(denormalize_latents(denormalize_latents(z, model.config), model.config)))
+    assert torch.allclose(images, once, atol=1e-5)
+    assert not torch.allclose(images, twice[0].permute(1, 2, 3, 0), atol=1e-2)
+
+
+def test_vae_node_falls_back_for_quantized_weights():
+    class Quantized(torch.Tensor):
+        """Stands for a quantized weight type: a tensor subclass the recipe cannot use as it is."""
+
+    vae = stand_in_vae()
+    block = vae.first_stage_model.decoder.transformer_blocks[0].attn.to_qkv
+    block.weight = torch.nn.Parameter(block.weight.detach().as_subclass(Quantized), requires_grad=False)
+    z = torch.randn(1, 24, 3, 5, 7)
+    with pytest.warns(UserWarning, match="quantized or not loaded"):
+        (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 0)
+    assert vae.decoded == [z.shape] and images.shape == (9, 80, 112, 3)
+
+
+def test_vae_node_refuses_another_vae():
+    class SD:
+        first_stage_model = torch.nn.Conv2d(4, 4, 1)
+
+    with pytest.raises(ValueError, match="not MiniMax-H3's video VAE"):
+        NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(SD(), {"samples": torch.zeros(1, 24, 3, 2, 2)})
