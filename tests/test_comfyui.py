@@ -144,6 +144,13 @@ def test_a_torch_nested_tensor_is_not_a_latent(loaded):
 # ---- decoding with the ComfyUI VAE the workflow already holds (issue 19) -----------------------------------
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    """ComfyUI's device, for these tests the CPU (a stand-in VAE lives there, and the references decode there
+    in fp32), also on a machine with a GPU."""
+    monkeypatch.setattr(comfyui, "_device", lambda: torch.device("cpu"))
+
+
 def stand_in_vae(seed_offset: float = 0.0):
     """A stand-in for ComfyUI's `VAE` holding H3's video VAE: `first_stage_model` has the release's module
     names (decoder.x_embedder, decoder.transformer_blocks.N..., decoder.mask_token, post_quant_conv) and the
