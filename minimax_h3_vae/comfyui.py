@@ -8,6 +8,7 @@ nodes work without them.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import warnings
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import memory
+from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import to_unit_rgb
 from .latents import check_latents, denormalize_latents
@@ -167,6 +169,93 @@ class H3DecodeWithVAE:
         return (decode_to_images(model, z, options.tile_batch),)
 
 
+class H3UseForVAE:
+    """VAE -> VAE: the same VAE, whose video decode runs through minimax_h3_vae. Its output plugs into the
+    stock VAE Decode and the H3 conditioning nodes (encoding is the VAE's own)."""
+
+    DESCRIPTION = "Makes a MiniMax-H3 VAE decode video with minimax_h3_vae; everything else stays the VAE's own."
+    RETURN_TYPES = ("VAE",)
+    FUNCTION = "patch"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        required = dict(H3DecodeWithVAE.INPUT_TYPES()["required"])  # vae, fused, tile_batch; no LATENT here
+        del required["samples"]
+        return {"required": required}
+
+    def patch(self, vae, fused: str = "auto", tile_batch: int = 0) -> tuple:
+        """A shallow copy of `vae` whose `first_stage_model` is a shallow copy of the original (the same
+        weights, buffers and submodules) with ComfyUI's decode contract served by our decoder:
+        `decode(z, output_buffer=None)` takes normalised latents (B, 24, T, h, w) and returns float32
+        (B, 3, F, H, W) in [0, 1], written into `output_buffer` when given; `decode_output_shape(shape)`
+        and `decode_tiled` match it. The VAE given is not changed."""
+        options = DecodeOptions(
+            device=_device(), fused={"auto": None, "on": True, "off": False}[fused], tile_batch=tile_batch or None
+        )
+        decoder_for_vae(vae, options.replace(tile_batch=None))  # checks now that it is H3's video VAE
+        stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
+        own_decode = getattr(vae.first_stage_model, "decode", None)
+        config = decoder_for_vae_config(vae)
+
+        def decode(z, output_buffer=None, **unused):
+            model = decoder_for_vae(vae, options.replace(tile_batch=None))
+            if model is None:
+                warnings.warn("minimax_h3_vae: quantized or unloaded weights; the VAE decodes itself", stacklevel=2)
+                return own_decode(z, output_buffer=output_buffer)
+            return decode_into(model, z, options.tile_batch, output_buffer)
+
+        def decode_output_shape(shape):
+            batch, _, frames, h, w = shape
+            c = config
+            return (batch, c.out_channels, plan_chunks(frames, c).out_frames, h * c.patch_size, w * c.patch_size)
+
+        stage.decode = decode
+        stage.decode_tiled = lambda z, **unused: decode(z)
+        stage.decode_output_shape = decode_output_shape
+        patched = copy.copy(vae)
+        patched.first_stage_model = stage
+        return (patched,)
+
+
+def decoder_for_vae_config(vae) -> H3DecoderConfig:
+    """The config of the H3 video VAE inside a ComfyUI VAE, from its tensors' shapes."""
+    everything = vae.first_stage_model.state_dict(keep_vars=True)
+    shapes = {k: tuple(t.shape) for k, t in everything.items()}
+    return comfyui_config(shapes, lambda name: tuple(everything[name].detach().float().tolist()), "the ComfyUI VAE")
+
+
+def decode_into(
+    model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None, output_buffer: torch.Tensor | None = None
+) -> torch.Tensor:
+    """ComfyUI's decode contract: normalised latents (B, 24, T, h, w), any float dtype -> float32 frames
+    (B, 3, F, 16h, 16w) in [0, 1], written chunk by chunk into `output_buffer` (any device) when given, else
+    into a new CPU tensor."""
+    c = model.config
+    z = z.float()
+    check_latents(z, c.latent_channels)
+    z = denormalize_latents(z.to(model.device), c)
+    batch, _, latent_frames, height, width = z.shape
+    shape = (
+        batch,
+        c.out_channels,
+        plan_chunks(latent_frames, c).out_frames,
+        height * c.patch_size,
+        width * c.patch_size,
+    )
+    if output_buffer is None:
+        output_buffer = torch.empty(shape)
+    elif tuple(output_buffer.shape) != shape:
+        raise ValueError(f"output_buffer is {tuple(output_buffer.shape)}, the decode gives {shape}")
+    _free_memory(model, z, tile_batch)
+    start = 0
+    for chunk in model.decode_stream(z, tile_batch=tile_batch):
+        count = chunk.shape[2]
+        output_buffer[:, :, start : start + count].copy_(to_unit_rgb(chunk))
+        start += count
+    return output_buffer
+
+
 def decode_to_images(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> torch.Tensor:
     """Normalised latents (B, 24, T, h, w) -> IMAGE (B * F, 16h, 16w, 3) float32 in [0, 1] on the CPU, video
     b's frames at [b * F, (b + 1) * F). The frames are written chunk by chunk into one preallocated CPU
@@ -297,9 +386,11 @@ NODE_CLASS_MAPPINGS = {
     "MiniMaxH3DecoderLoader": H3DecoderLoader,
     "MiniMaxH3Decode": H3Decode,
     "MiniMaxH3DecodeWithVAE": H3DecodeWithVAE,
+    "MiniMaxH3UseForVAE": H3UseForVAE,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "MiniMaxH3DecoderLoader": "Load MiniMax-H3 Decoder (minimax_h3_vae)",
     "MiniMaxH3Decode": "MiniMax-H3 Decode (minimax_h3_vae)",
     "MiniMaxH3DecodeWithVAE": "MiniMax-H3 Decode with VAE (minimax_h3_vae)",
+    "MiniMaxH3UseForVAE": "Use minimax_h3_vae for this MiniMax-H3 VAE",
 }

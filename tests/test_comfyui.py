@@ -36,6 +36,7 @@ def test_node_contract():
             "MiniMaxH3DecoderLoader",
             "MiniMaxH3Decode",
             "MiniMaxH3DecodeWithVAE",
+            "MiniMaxH3UseForVAE",
         }
     )
     loader, decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"], NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]
@@ -233,3 +234,41 @@ def test_vae_node_refuses_another_vae():
 
     with pytest.raises(ValueError, match="not MiniMax-H3's video VAE"):
         NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(SD(), {"samples": torch.zeros(1, 24, 3, 2, 2)})
+
+
+def test_vae_to_vae_node_keeps_comfyuis_decode_contract():
+    """The patched VAE's first_stage_model decodes as ComfyUI's VAE.decode drives it: latents in the VAE's
+    dtype, a float32 buffer preallocated from decode_output_shape and filled in place; the frames are the
+    decode node's, and the VAE given is left as it was."""
+    vae = stand_in_vae()
+    (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, "off", 2)
+    assert patched is not vae and patched.first_stage_model is not vae.first_stage_model
+    assert not hasattr(vae.first_stage_model, "decode_output_shape"), "the original is untouched"
+    stage = patched.first_stage_model
+    assert stage.decoder.proj_out.weight is vae.first_stage_model.decoder.proj_out.weight, "the same weights"
+    z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(11))
+    for frames, expected in ((1, 1), (2, 5), (3, 9), (7, 22), (8, 26)):
+        assert stage.decode_output_shape((1, 24, frames, 20, 20)) == (1, 3, expected, 320, 320)
+    buffer = torch.empty(stage.decode_output_shape(z.shape))
+    assert stage.decode(z, output_buffer=buffer) is buffer
+    (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 2)
+    assert torch.equal(buffer.movedim(1, -1).reshape(-1, 320, 320, 3), images)
+    with pytest.raises(ValueError, match="output_buffer is"):
+        stage.decode(z, output_buffer=torch.empty(1, 3, 8, 320, 320))
+
+
+@pytest.mark.parametrize("name", ["decode_with_vae.json", "patched_vae_decode.json"])
+def test_example_workflows_wire_our_nodes(name):
+    """The node pack's API-format workflows: every link names a node of the workflow, and every node of ours
+    gets exactly its required inputs."""
+    import json
+
+    workflow = json.loads((REPO / "comfyui" / "minimax_h3_vae_nodes" / "workflows" / name).read_text())
+    for node in workflow.values():
+        for value in node["inputs"].values():
+            if isinstance(value, list):
+                assert value[0] in workflow, value
+        if node["class_type"] in NODE_CLASS_MAPPINGS:
+            required = NODE_CLASS_MAPPINGS[node["class_type"]].INPUT_TYPES()["required"]
+            assert set(node["inputs"]) == set(required), node["class_type"]
+    assert {"LoadLatent", "SaveVideo"} <= {node["class_type"] for node in workflow.values()}
