@@ -272,3 +272,21 @@ def test_example_workflows_wire_our_nodes(name):
             required = NODE_CLASS_MAPPINGS[node["class_type"]].INPUT_TYPES()["required"]
             assert set(node["inputs"]) == set(required), node["class_type"]
     assert {"LoadLatent", "SaveVideo"} <= {node["class_type"] for node in workflow.values()}
+
+
+# T -> F as ComfyUI's H3 VAE plans it (comfy/ldm/minimax/vae.py: `_decode_temporal_chunks`, then
+# `_decode_temporal_frame_plan` less `_decode_temporal_pad_frames`), worked out by hand: e.g. T = 2 pads to
+# one chunk of 7 latents, 17 + 5 frames, less 4 + 4 + 4 + 1 + 4 padded ones = 5; T = 73 pads 4 latents to
+# 15 chunks, 15 x 17 + 5 = 260 frames, less 4 + 4 + 1 + 4 = 247.
+COMFYUI_FRAMES = {1: 1, 2: 5, 3: 9, 7: 22, 8: 26, 12: 39, 13: 43, 72: 243, 73: 247}
+
+
+def test_frame_counts_match_comfyuis_planner():
+    from minimax_h3_vae.tiling import plan_chunks
+
+    vae = stand_in_vae()
+    (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, "off", 0)
+    config = H3VideoDecoder.from_pretrained(TINY, device="cpu").config
+    for latents, frames in COMFYUI_FRAMES.items():
+        assert plan_chunks(latents, config).out_frames == frames, latents
+        assert patched.first_stage_model.decode_output_shape((1, 24, latents, 2, 3))[2] == frames, latents
