@@ -290,3 +290,26 @@ def test_frame_counts_match_comfyuis_planner():
     for latents, frames in COMFYUI_FRAMES.items():
         assert plan_chunks(latents, config).out_frames == frames, latents
         assert patched.first_stage_model.decode_output_shape((1, 24, latents, 2, 3))[2] == frames, latents
+
+
+def test_comfyui_is_asked_to_free_what_the_decode_needs(monkeypatch):
+    """Inside ComfyUI on CUDA, a decode first asks its model management for the memory plan's working set
+    (everything but the weights, which are already placed). A stand-in module records the call."""
+    import sys
+    import types as pytypes
+
+    from minimax_h3_vae import Runtime
+    from minimax_h3_vae.config import H3DecoderConfig
+
+    calls = []
+    management = pytypes.ModuleType("comfy.model_management")
+    management.free_memory = lambda need, device: calls.append((need, device))
+    monkeypatch.setitem(sys.modules, "comfy", pytypes.ModuleType("comfy"))
+    monkeypatch.setitem(sys.modules, "comfy.model_management", management)
+    cuda = torch.device("cuda")
+    model = pytypes.SimpleNamespace(
+        config=H3DecoderConfig(), device=cuda, compute_dtype=torch.float16, runtime=Runtime(offload="none")
+    )
+    comfyui._free_memory(model, torch.zeros(1, 24, 7, 48, 84), tile_batch=1)
+    window, per_tile, frames_out = 1_315_012_608, 448_991_232, 619_315_200  # tests/test_memory.py, by hand
+    assert calls == [(24 * 7 * 48 * 84 * 4 + window + per_tile + frames_out, cuda)]
