@@ -1,9 +1,10 @@
 """Decode orchestration: `H3VideoDecoder`, the loops over time and space, tiles per call, progress.
 
     latents (B, 24, T, h, w) -> chunk windows (tiling.plan_chunks)
-      -> per window: tiles (tiling.plan_tiles, the run's Tiling) -> decoder calls of `tile_batch` tiles
-         (model.H3Decoder.forward; with offload="blocks" all of them block by block, `_layer_major`), shared
-         across ranks (distributed.decode_shared) -> stitched frame (tiling.stitch)
+      -> per window (per group of windows across ranks): tiles (tiling.plan_tiles, the run's Tiling) ->
+         decoder calls of `tile_batch` tiles (model.H3Decoder.forward; with offload="blocks" all of them
+         block by block, `_layer_major`), shared across ranks (distributed.decode_shared) -> stitched frame
+         (tiling.stitch)
       -> windows joined and cross-faded (tiling.join_chunks) -> frames, one chunk per window
 
 The model (model.py) is the modules and their forward over a batch of tiles; everything here reads the
@@ -231,8 +232,19 @@ def _stream(
 
     if progress is not None:
         progress(0, total)
+    per_window = plan.tiles  # decoded tiles per window, every video of the batch: the unit the ranks share
+    units = per_window if runtime.tile_batch is None else -(-per_window // runtime.tile_batch)
+    group = distributed.window_group(units, len(chunks.starts), distributed.rank_and_world()[1])
     windows = (
-        _decode_window(model, runtime, plan, z[:, :, start : start + chunks.window], advance) for start in chunks.starts
+        window
+        for first in range(0, len(chunks.starts), group)
+        for window in _decode_windows(
+            model,
+            runtime,
+            plan,
+            [z[:, :, s : s + chunks.window] for s in chunks.starts[first : first + group]],
+            advance,
+        )
     )
     if not distributed.receives_output(runtime.output_rank):
         for _ in windows:  # this rank only decodes its share of the tiles; one None per window, as elsewhere
@@ -241,32 +253,35 @@ def _stream(
     yield from tiling.join_chunks(windows, chunks, c)
 
 
-def _decode_window(
+def _decode_windows(
     model: H3VideoDecoder,
     runtime: Runtime,
     plan: memory.MemoryPlan,
-    z: torch.Tensor,
+    windows: list[torch.Tensor],
     advance: Callable[[int], None],
-) -> torch.Tensor | None:
-    """One temporal window (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and stitched.
+) -> list[torch.Tensor | None]:
+    """Consecutive temporal windows, each (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and
+    stitched; one window at a time on one process, a group of them (distributed.window_group) across ranks.
 
-    The tiles of all B videos go through the decoder together, `tile_batch` at a time (default: as many as
-    the memory plan lets fit, memory.auto_tile_batch), shared across ranks under torch.distributed; with
-    offload="blocks", layer-major over all of this rank's tiles. Returns None on a rank that does not
-    receive the output. advance(n) is called as n tiles finish.
+    The tiles of all B videos of all the windows go through the decoder together, `tile_batch` at a time
+    within each window (default: as many as the memory plan lets fit, memory.auto_tile_batch), shared across
+    ranks under torch.distributed; with offload="blocks", layer-major over all of this rank's tiles. Returns
+    one stitched window each, or Nones on a rank that does not receive the output. advance(n) is called as
+    n tiles finish.
     """
     c = model.config
-    tiles_plan = tiling.plan_tiles(z.shape[-2], z.shape[-1], c, runtime.tiling)
-    tiles = torch.cat([z[..., rows, cols] for rows, cols in tiles_plan.latent_windows()])
-    tile_shape = (c.out_channels, z.shape[2] * c.patch_size_t, tiles_plan.rows.size, tiles_plan.cols.size)
+    batch = windows[0].shape[0]
+    tiles_plan = tiling.plan_tiles(windows[0].shape[-2], windows[0].shape[-1], c, runtime.tiling)
+    tiles = torch.cat([z[..., rows, cols] for z in windows for rows, cols in tiles_plan.latent_windows()])
+    per_window = tiles.shape[0] // len(windows)
+    tile_shape = (c.out_channels, windows[0].shape[2] * c.patch_size_t, tiles_plan.rows.size, tiles_plan.cols.size)
     done = 0
 
     def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
         nonlocal done
         first, count = calls[0][0], calls[-1][1] - calls[0][0]
-        step = runtime.tile_batch or memory.auto_tile_batch(
-            plan, count, model.device, runtime.max_gpu_memory, model.device_bytes() + plan.window
-        )
+        held = model.device_bytes() + len(windows) * plan.window
+        step = runtime.tile_batch or memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
         parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
         inputs = [tiles[a:b] for a, b in parts]
         outputs = [out[a - first : b - first] for a, b in parts]
@@ -287,11 +302,12 @@ def _decode_window(
         runtime.output_rank,
         lambda n: tiles.new_empty(n, *tile_shape, dtype=torch.float32),
         decode_calls,
+        per_window,
     )
     if decoded is None:
-        return None
+        return [None] * len(windows)
     advance(tiles.shape[0] - done)  # the tiles other ranks decoded
-    return tiling.stitch(decoded.split(z.shape[0]), tiles_plan)
+    return [tiling.stitch(part.split(batch), tiles_plan) for part in decoded.split(per_window)]
 
 
 def _layer_major(

@@ -1,14 +1,18 @@
 """Tile-parallel decoding under torch.distributed: the process group, who decodes which tiles, the gather,
 and the ranks' agreement on failures.
 
-Every rank calls `decode` with the same latents. For each temporal window, `decode_shared` gives each rank a
-contiguous share of the tiles, lets it decode them, and gathers the decoded tiles in tile order, on every
-rank or only on the output rank. Without an initialised process group it is a plain loop on one process.
+Every rank calls `decode` with the same latents. The work unit is a (window, tile): the windows are taken in
+groups (`window_group`: as few windows as make the units split evenly across the ranks, so 28 tiles on 8
+ranks go two windows at a time, 7 tiles each), and for each group `decode_shared` gives each rank a
+balanced, contiguous run of its decoder calls, lets it decode them, and gathers the decoded tiles in order,
+on every rank or only on the output rank, which then stitches and streams the group's windows. Without an
+initialised process group it is a plain loop on one process, one window at a time.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from collections.abc import Callable
 
@@ -95,17 +99,31 @@ def split_balanced(count: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def plan_tile_calls(tiles: int, tile_batch: int | None, ranks: int) -> list[list[tuple[int, int]]]:
-    """Which tiles each rank decodes, as a list of decoder calls (start, end) per rank.
+def window_group(units_per_window: int, windows: int, ranks: int) -> int:
+    """Windows decoded together: the fewest whose work units (tiles, or decoder calls with a tile batch)
+    split evenly across the ranks, at most all of them; 1 on one process (the plain window loop)."""
+    return max(1, min(windows, ranks // math.gcd(units_per_window, ranks)))
 
-    With a tile batch, the tiles are cut into calls of `tile_batch` in order, whatever the number of ranks,
-    and each rank takes a balanced run of consecutive calls: every call, and so every decoded value, is the
-    same as in a single-process decode with that tile batch. Without one, each rank takes one balanced
-    share, to be cut further by the caller only if it does not fit in memory.
+
+def plan_tile_calls(
+    tiles: int, tile_batch: int | None, ranks: int, per_window: int | None = None
+) -> list[list[tuple[int, int]]]:
+    """Which tiles each rank decodes, as a list of decoder calls (start, end) per rank; the tiles are those
+    of consecutive windows of `per_window` tiles each (default: one window).
+
+    With a tile batch, each window's tiles are cut into calls of `tile_batch` in order, whatever the number
+    of ranks, and each rank takes a balanced run of consecutive calls: every call, and so every decoded
+    value, is the same as in a single-process decode with that tile batch. Without one, each rank takes one
+    balanced share, to be cut further by the caller only if it does not fit in memory.
     """
     if tile_batch is None:
         return [[share] if share[1] > share[0] else [] for share in split_balanced(tiles, ranks)]
-    calls = [(start, min(start + tile_batch, tiles)) for start in range(0, tiles, tile_batch)]
+    per_window = per_window or tiles
+    calls = [
+        (start, min(start + tile_batch, window + per_window, tiles))
+        for window in range(0, tiles, per_window)
+        for start in range(window, min(window + per_window, tiles), tile_batch)
+    ]
     return [calls[a:b] for a, b in split_balanced(len(calls), ranks)]
 
 
@@ -115,8 +133,10 @@ def decode_shared(
     output_rank: int | None,
     allocate: Callable[[int], torch.Tensor],
     decode_calls: Callable[[list[tuple[int, int]], torch.Tensor], None],
+    per_window: int | None = None,
 ) -> torch.Tensor | None:
-    """Decode `count` tiles across the ranks; return all of them, in order, where the output is received.
+    """Decode `count` tiles (of consecutive windows of `per_window` tiles) across the ranks; return all of
+    them, in order, where the output is received.
 
     allocate(n) returns an empty (n, ...) buffer for n decoded tiles; decode_calls(calls, out) decodes this
     rank's calls, a list of consecutive tile ranges (start, end), into `out`, whose first row is tile
@@ -124,7 +144,7 @@ def decode_shared(
     (see `receives_output`).
     """
     rank, ranks = rank_and_world()
-    calls = plan_tile_calls(count, tile_batch, ranks)
+    calls = plan_tile_calls(count, tile_batch, ranks, per_window)
     counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
     local = allocate(counts[rank])
     if calls[rank]:

@@ -3,6 +3,7 @@
 distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
 distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
 distributed_worker.py cli_same CHECKPOINT ARGS... runs the CLI, the same checkpoint on every rank
+distributed_worker.py api_sweep CHECKPOINT DIR T...   decode() per T and frame size, every rank's output saved
 distributed_worker.py cli_sweep CHECKPOINT DIR T...  the CLI's run once per T: DIR/in_T.safetensors -> out_T
 """
 
@@ -58,7 +59,27 @@ def cli_sweep(checkpoint: str, folder: Path, lengths: list[str]) -> None:
     dist.destroy_process_group()
 
 
+SHAPES = ((1, 1), (1, 29), (20, 20))  # latent (h, w): less than one tile, a row of 3 tiles, 2 x 2 tiles
+
+
+def api_sweep(checkpoint: str, folder: Path, lengths: list[str]) -> None:
+    """decode() on every rank for each clip length and frame size, tile batches 1 and 3; the output rank's
+    results saved as DIR/api_T_h_w_b.pt (rank 0 keeps every rank's output to compare them too)."""
+    dist.init_process_group("gloo")
+    model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
+    for length in map(int, lengths):
+        for h, w in SHAPES:
+            z = torch.randn(1, 24, length, h, w, generator=torch.Generator().manual_seed(length * 1000 + h + w))
+            for tile_batch in (1, 3):
+                out = model.decode(z, tile_batch=tile_batch)
+                torch.save(out, folder / f"api_{length}_{h}_{w}_{tile_batch}_rank{dist.get_rank()}.pt")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "api_sweep":
+        api_sweep(sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
+        sys.exit()
     if sys.argv[1] == "cli_sweep":
         cli_sweep(sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
         sys.exit()

@@ -133,7 +133,7 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
 SWEEP_LENGTHS = (1, 2, 3, 7, 8, 12, 13)
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_cli_under_torchrun_every_clip_length(tmp_path, ranks, one_thread):
     """Bug: for most clip lengths (T = 7, 12, 72, ...) the output rank's stream yielded one chunk more than the
     other ranks' (the held tail), so the command's per-chunk agreement stopped pairing up and gloo reset the
@@ -152,6 +152,46 @@ def test_cli_under_torchrun_every_clip_length(tmp_path, ranks, one_thread):
         assert main([str(a) for a in args]) == 0
         spread = load_file(str(tmp_path / f"out_{length}.safetensors"))["video"]
         assert torch.equal(spread, load_file(str(single))["video"]), f"T = {length}"
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_windows_x_tiles_across_ranks_equal_one_process(tmp_path, ranks, one_thread):
+    """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile and larger, and
+    tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""
+    from distributed_worker import SHAPES
+
+    lengths = (1, 2, 3, 7, 12, 13)
+    result = torchrun("api_sweep", TINY, tmp_path, *lengths, ranks=ranks, timeout=480)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
+    for length in lengths:
+        for h, w in SHAPES:
+            z = torch.randn(1, 24, length, h, w, generator=torch.Generator().manual_seed(length * 1000 + h + w))
+            for tile_batch in (1, 3):
+                expected = model.decode(z, tile_batch=tile_batch)
+                for rank in range(ranks):
+                    got = torch.load(tmp_path / f"api_{length}_{h}_{w}_{tile_batch}_rank{rank}.pt")
+                    assert torch.equal(got, expected), (length, h, w, tile_batch, rank)
+
+
+@pytest.mark.parametrize(
+    "units, windows, ranks, group",
+    [(28, 14, 8, 2), (28, 14, 1, 1), (4, 14, 8, 2), (3, 2, 4, 2), (1, 14, 8, 8), (7, 3, 7, 1)],
+)
+def test_window_groups(units, windows, ranks, group):
+    """The fewest windows whose units split evenly across the ranks (at most all windows): 28 tiles on 8
+    ranks go 2 windows (56 tiles, 7 each) at a time; one process decodes window by window."""
+    from minimax_h3_vae.distributed import window_group
+
+    assert window_group(units, windows, ranks) == group
+
+
+def test_calls_never_cross_a_window():
+    """With a tile batch, a group's calls are each window's own calls (as on one process), shared out."""
+    plan = plan_tile_calls(56, 5, 8, per_window=28)
+    calls = [call for rank_calls in plan for call in rank_calls]
+    single = [(w + a, w + min(a + 5, 28)) for w in (0, 28) for a in range(0, 28, 5)]
+    assert calls == single and len(plan) == 8
 
 
 def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
