@@ -192,7 +192,13 @@ def run(args: argparse.Namespace, rank: int, ranks: int, device) -> None:
 
 
 # Each run option's command-line flag, for the messages of DecodeOptions' checks.
-FLAGS = {"tile_batch": "--tile-batch", "max_gpu_memory": "--max-gpu-memory", "offload": "--offload"}
+FLAGS = {
+    "device": "--device",
+    "dtype": "--dtype",
+    "tile_batch": "--tile-batch",
+    "max_gpu_memory": "--max-gpu-memory",
+    "offload": "--offload",
+}
 
 
 def decode_options(args: argparse.Namespace, device=None):
@@ -200,11 +206,6 @@ def decode_options(args: argparse.Namespace, device=None):
     flag. `device`: this rank's device under torchrun (else --device)."""
     from .runtime import DecodeOptions
 
-    if args.device == "cuda" and device is None:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: no CUDA device is available; use --device cpu")
     try:
         return DecodeOptions(
             device=device or args.device,
@@ -313,12 +314,13 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
             output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
             output.check_encoder(args.output, width, height, fps, args.crf, args.preset)
         latents = read_latents(source)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    try:
         z = latents if args.raw_latents else denormalize_latents(latents, config)
         check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
-        raise InputError(
-            f"{args.input}: {error}" if not str(error).startswith(str(args.input)) else str(error)
-        ) from None
+        raise InputError(f"{args.input}: {error}") from None
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:

@@ -32,6 +32,14 @@ CATEGORY = "latent/minimax_h3"
 # The loader's file list entry meaning "use the path field instead".
 PATH_CHOICE = "(path below)"
 FUSED_CHOICES = ("auto", "on", "off")
+# The run options every node offers, as ComfyUI widgets; `_node_options` turns their values into options.
+RUN_INPUTS = {
+    "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
+    "tile_batch": (
+        "INT",
+        {"default": 0, "min": 0, "max": 4096, "tooltip": "tiles per decoder call; 0: as many as fit"},
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -81,18 +89,13 @@ class H3DecoderLoader:
                     "STRING",
                     {"default": "", "tooltip": f"used when vae_name is {PATH_CHOICE}: a file or folder"},
                 ),
-                "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
-                "tile_batch": (
-                    "INT",
-                    {"default": 0, "min": 0, "max": 4096, "tooltip": "tiles per decoder call; 0: as many as fit"},
-                ),
+                **RUN_INPUTS,
             }
         }
 
     def load(self, vae_name: str, path: str, fused: str, tile_batch: int) -> tuple[NodeDecoder]:
         source = _source(vae_name, path)
-        fused_flag = {"auto": None, "on": True, "off": False}[fused]
-        options = DecodeOptions(device=_device(), fused=fused_flag, tile_batch=tile_batch or None)
+        options = _node_options(fused, tile_batch)
         shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
         checkpoint = load_checkpoint(source)  # its headers only: which files it is read from
         key = (_identity(source, checkpoint), shared)
@@ -143,20 +146,14 @@ class H3DecodeWithVAE:
             "required": {
                 "vae": ("VAE",),
                 "samples": ("LATENT",),
-                "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
-                "tile_batch": (
-                    "INT",
-                    {"default": 0, "min": 0, "max": 4096, "tooltip": "tiles per decoder call; 0: as many as fit"},
-                ),
+                **RUN_INPUTS,
             }
         }
 
     def decode(self, vae, samples: dict, fused: str = "auto", tile_batch: int = 0) -> tuple[torch.Tensor]:
         """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` (once per VAE and weights,
         `decoder_for_vae`)."""
-        options = DecodeOptions(
-            device=_device(), fused={"auto": None, "on": True, "off": False}[fused], tile_batch=tile_batch or None
-        )
+        options = _node_options(fused, tile_batch)
         z = video_latents(samples["samples"])
         model = decoder_for_vae(vae, options.replace(tile_batch=None))
         if model is None:
@@ -180,9 +177,7 @@ class H3UseForVAE:
 
     @classmethod
     def INPUT_TYPES(cls):
-        required = dict(H3DecodeWithVAE.INPUT_TYPES()["required"])  # vae, fused, tile_batch; no LATENT here
-        del required["samples"]
-        return {"required": required}
+        return {"required": {"vae": ("VAE",), **RUN_INPUTS}}
 
     def patch(self, vae, fused: str = "auto", tile_batch: int = 0) -> tuple:
         """A shallow copy of `vae` whose `first_stage_model` is a shallow copy of the original (the same
@@ -190,13 +185,10 @@ class H3UseForVAE:
         `decode(z, output_buffer=None)` takes normalised latents (B, 24, T, h, w) and returns float32
         (B, 3, F, H, W) in [0, 1], written into `output_buffer` when given; `decode_output_shape(shape)`
         and `decode_tiled` match it. The VAE given is not changed."""
-        options = DecodeOptions(
-            device=_device(), fused={"auto": None, "on": True, "off": False}[fused], tile_batch=tile_batch or None
-        )
-        decoder_for_vae(vae, options.replace(tile_batch=None))  # checks now that it is H3's video VAE
+        options = _node_options(fused, tile_batch)
+        config = _state_config(_h3_state(vae)[1])  # checks now that it is H3's video VAE
         stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
         own_decode = getattr(vae.first_stage_model, "decode", None)
-        config = decoder_for_vae_config(vae)
 
         def decode(z, output_buffer=None, **unused):
             model = decoder_for_vae(vae, options.replace(tile_batch=None))
@@ -218,19 +210,26 @@ class H3UseForVAE:
         return (patched,)
 
 
-def decoder_for_vae_config(vae) -> H3DecoderConfig:
-    """The config of the H3 video VAE inside a ComfyUI VAE, from its tensors' shapes."""
-    everything = vae.first_stage_model.state_dict(keep_vars=True)
-    shapes = {k: tuple(t.shape) for k, t in everything.items()}
-    return comfyui_config(shapes, lambda name: tuple(everything[name].detach().float().tolist()), "the ComfyUI VAE")
+def _node_options(fused: str, tile_batch: int) -> DecodeOptions:
+    """The run options of a node's widgets (RUN_INPUTS), on ComfyUI's device."""
+    return DecodeOptions(
+        device=_device(), fused={"auto": None, "on": True, "off": False}[fused], tile_batch=tile_batch or None
+    )
 
 
 def decode_into(
-    model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None, output_buffer: torch.Tensor | None = None
+    model: H3VideoDecoder,
+    z: torch.Tensor,
+    tile_batch: int | None,
+    output_buffer: torch.Tensor | None = None,
+    progress=None,
+    channels_last: bool = False,
 ) -> torch.Tensor:
     """ComfyUI's decode contract: normalised latents (B, 24, T, h, w), any float dtype -> float32 frames
-    (B, 3, F, 16h, 16w) in [0, 1], written chunk by chunk into `output_buffer` (any device) when given, else
-    into a new CPU tensor."""
+    (B, 3, F, 16h, 16w) in [0, 1], written chunk by chunk into `output_buffer` (any device, any strides)
+    when given, else into a new CPU tensor (with `channels_last`, a (B, 3, F, H, W) view of a contiguous
+    (B, F, H, W, 3) one: ComfyUI's IMAGE layout); ComfyUI is asked to free what the decode's memory plan
+    needs first. progress(done, total) as in `decode_stream`."""
     c = model.config
     z = z.float()
     check_latents(z, c.latent_channels)
@@ -243,13 +242,15 @@ def decode_into(
         height * c.patch_size,
         width * c.patch_size,
     )
-    if output_buffer is None:
+    if output_buffer is None and channels_last:
+        output_buffer = torch.empty(shape[0], *shape[2:], shape[1]).permute(0, 4, 1, 2, 3)
+    elif output_buffer is None:
         output_buffer = torch.empty(shape)
     elif tuple(output_buffer.shape) != shape:
         raise ValueError(f"output_buffer is {tuple(output_buffer.shape)}, the decode gives {shape}")
     _free_memory(model, z, tile_batch)
     start = 0
-    for chunk in model.decode_stream(z, tile_batch=tile_batch):
+    for chunk in model.decode_stream(z, progress, tile_batch=tile_batch):
         count = chunk.shape[2]
         output_buffer[:, :, start : start + count].copy_(to_unit_rgb(chunk))
         start += count
@@ -258,28 +259,13 @@ def decode_into(
 
 def decode_to_images(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> torch.Tensor:
     """Normalised latents (B, 24, T, h, w) -> IMAGE (B * F, 16h, 16w, 3) float32 in [0, 1] on the CPU, video
-    b's frames at [b * F, (b + 1) * F). The frames are written chunk by chunk into one preallocated CPU
-    tensor, so GPU memory holds one temporal chunk of output at a time; ComfyUI is asked to free what the
-    decode's memory plan needs first, and its progress bar follows the tiles."""
-    c = model.config
-    check_latents(z, c.latent_channels)
-    z = denormalize_latents(z.to(model.device), c)
-    batch, _, latent_frames, height, width = z.shape
-    _free_memory(model, z, tile_batch)
-    frames = plan_chunks(latent_frames, c).out_frames
-    images = torch.empty(batch, frames, height * c.patch_size, width * c.patch_size, c.out_channels)
+    b's frames at [b * F, (b + 1) * F): `decode_into` one preallocated CPU tensor in ComfyUI's layout, so GPU
+    memory holds one temporal chunk of output at a time; ComfyUI's progress bar follows the tiles."""
     utils = _optional("comfy.utils")
     bar = utils.ProgressBar(1) if utils is not None else None
-
-    def progress(done: int, total: int) -> None:
-        bar.update_absolute(done, total)
-
-    start = 0
-    for chunk in model.decode_stream(z, progress if bar is not None else None, tile_batch=tile_batch):
-        count = chunk.shape[2]
-        images[:, start : start + count].copy_(to_unit_rgb(chunk).permute(0, 2, 3, 4, 1))
-        start += count
-    return images.view(batch * frames, *images.shape[2:])
+    progress = (lambda done, total: bar.update_absolute(done, total)) if bar is not None else None
+    video = decode_into(model, z, tile_batch, progress=progress, channels_last=True)
+    return video.permute(0, 2, 3, 4, 1).flatten(0, 1)  # a view: the buffer is (B, F, H, W, 3) already
 
 
 def _free_memory(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> None:
@@ -312,24 +298,35 @@ def decoder_for_vae(vae, options: DecodeOptions) -> H3VideoDecoder | None:
     """Our decoder for a ComfyUI VAE holding MiniMax-H3's video VAE, made once per VAE and weights (rebuilt
     when a weight is replaced or changed in place), sharing its tensors where the recipe's dtype and the
     device allow. None when its weights are quantized or not loaded (meta); ValueError for another VAE."""
-    stage = getattr(vae, "first_stage_model", None)
-    if not isinstance(stage, torch.nn.Module) or not all(_has(stage, part) for part in _H3_VIDEO_PARTS):
-        raise ValueError("this VAE is not MiniMax-H3's video VAE (its model has no ViT decoder): use VAE Decode")
-    everything = stage.state_dict(keep_vars=True)
-    stats = ("latents_mean", "latents_std")
-    names = [k for k in everything if k.startswith(("decoder.", "post_quant_conv.")) or k in stats]
-    state = {k: everything[k].detach() for k in names}  # a quantized weight stays its own tensor type here
+    stage, state = _h3_state(vae)
     if any(type(t) is not torch.Tensor or t.is_meta or not t.is_floating_point() for t in state.values()):
         return None
     identity = tuple((k, t.data_ptr(), t._version, t.dtype, t.device) for k, t in state.items())
     cached = _vae_decoders.get(stage)
     if cached is not None and cached[:2] == (identity, options):
         return cached[2]
-    shapes = {k: tuple(t.shape) for k, t in state.items()}
-    config = comfyui_config(shapes, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
-    model = H3VideoDecoder.from_checkpoint(checkpoint_in_memory(state, config, "original", "the ComfyUI VAE"), options)
+    checkpoint = checkpoint_in_memory(state, _state_config(state), "original", "the ComfyUI VAE")
+    model = H3VideoDecoder.from_checkpoint(checkpoint, options)
     _vae_decoders[stage] = (identity, options, model)
     return model
+
+
+def _h3_state(vae) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """(first_stage_model, the tensors our decoder is made from: decoder, post_quant_conv, latent statistics)
+    of a ComfyUI VAE holding H3's video VAE, checked by the model's structure; ValueError for another VAE.
+    The tensors are detached views: a quantized weight stays its own tensor type."""
+    stage = getattr(vae, "first_stage_model", None)
+    if not isinstance(stage, torch.nn.Module) or not all(_has(stage, part) for part in _H3_VIDEO_PARTS):
+        raise ValueError("this VAE is not MiniMax-H3's video VAE (its model has no ViT decoder): use VAE Decode")
+    everything = stage.state_dict(keep_vars=True)
+    stats = ("latents_mean", "latents_std")
+    names = [k for k in everything if k.startswith(("decoder.", "post_quant_conv.")) or k in stats]
+    return stage, {k: everything[k].detach() for k in names}
+
+
+def _state_config(state: dict[str, torch.Tensor]) -> H3DecoderConfig:
+    shapes = {k: tuple(t.shape) for k, t in state.items()}
+    return comfyui_config(shapes, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
 
 
 def _has(module: torch.nn.Module, path: str) -> bool:

@@ -280,8 +280,10 @@ def _decode_windows(
     def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
         nonlocal done
         first, count = calls[0][0], calls[-1][1] - calls[0][0]
-        held = model.device_bytes() + len(windows) * plan.window
-        step = runtime.tile_batch or memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
+        step = runtime.tile_batch
+        if step is None:  # what the decoder holds on the device: its weights and these windows' buffers
+            held = model.device_bytes() + len(windows) * plan.window
+            step = memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
         parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
         inputs = [tiles[a:b] for a, b in parts]
         outputs = [out[a - first : b - first] for a, b in parts]

@@ -34,7 +34,7 @@ from safetensors import safe_open
 from .blocks import EAGER_OPS, attention_backends
 from .config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD, ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
-from .reader import DeviceReader, read_header
+from .reader import DTYPES, DeviceReader, read_header
 from .runtime import Runtime
 from .tiling import RELEASE_TILING, Tiling, check_temporal_plan
 
@@ -50,8 +50,6 @@ IGNORED_KEYS = {"decoder.mask_token"}
 DECODER_PREFIXES = ("decoder.", "post_quant_conv.")
 # The largest config or index file read (the diffusers index of the released VAE is about 100 KB).
 MAX_JSON_BYTES = 16 * 2**20
-# Weight dtypes a checkpoint may store (anything else, e.g. int8 or bool, is not this model's weights).
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
 class CheckpointError(Exception):
@@ -265,7 +263,7 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
                 f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
             ) from None
         for key, entry in header.tensors.items():
-            if key.startswith(DECODER_PREFIXES) and entry.dtype not in FLOAT_DTYPES:
+            if key.startswith(DECODER_PREFIXES) and entry.dtype not in DTYPES:  # int8, bool: not this model's
                 raise CheckpointError(
                     f"{path}: tensor {key!r} is {entry.dtype}, not floating point: not this model's weights "
                     "(a quantised file?); use a float16 or float32 checkpoint"

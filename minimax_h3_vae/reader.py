@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-# safetensors dtype names -> (the torch dtype's name, bytes per element); the dtypes the device reader copies.
+# safetensors dtype names -> (the torch dtype's name, bytes per element).
 DTYPE_NAMES = {
     "F64": ("float64", 8),
     "F32": ("float32", 4),
@@ -34,6 +34,7 @@ DTYPE_NAMES = {
     "U8": ("uint8", 1),
     "BOOL": ("bool", 1),
 }
+# The floating-point dtypes a checkpoint's weights may have, which the device reader copies as they are.
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # The safetensors library refuses headers above 100 MB; so do we, before reading one.
 MAX_HEADER_BYTES = 100_000_000
