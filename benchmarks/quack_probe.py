@@ -83,12 +83,19 @@ from minimax_h3_vae.fused.silu_mul import silu_mul  # noqa: E402
 attempt("cublas+silu_mul", lambda: silu_mul(F.linear(x, w, b)))
 attempt(
     "concat2d",
-    lambda: gi.gemm_act(x, w.T, bias=b, activation="swiglu", store_preact=False, tuned=False, concat_layout=("B", "bias"))[1],
+    lambda: gi.gemm_act(
+        x, w.T, bias=b, activation="swiglu", store_preact=False, tuned=False, concat_layout=("B", "bias")
+    )[1],
 )
 attempt(
     "concat3d",
     lambda: gi.gemm_act(
-        x[None], w.T[None], bias=b[None], activation="swiglu", store_preact=False, tuned=False,
+        x[None],
+        w.T[None],
+        bias=b[None],
+        activation="swiglu",
+        store_preact=False,
+        tuned=False,
         concat_layout=("B", "bias"),
     )[1][0],
 )

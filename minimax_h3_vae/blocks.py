@@ -1,4 +1,4 @@
-"""The ViT decoder's block and the three pointwise ops it is built on.
+"""The ViT decoder's block and the ops it is built on.
 
 The ops below are the eager path and the reference of record: the Triton kernels in `fused/` compute the
 same functions, with the same signatures and the same intermediate roundings. A block receives its ops
@@ -79,6 +79,16 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * value
 
 
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The FFN's first half, w1 and its gate: `silu_mul(linear(x, weight, bias))`, w1's output rounded to x's
+    dtype before the gate (as the release computes it).
+
+    x: (..., K). weight: (2F, K), rows [gate; value] (release layout), x's dtype. bias: (2F,) or None. Returns
+    (..., F) in x's dtype.
+    """
+    return silu_mul(F.linear(x, weight, bias))
+
+
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A float32 Linear (proj_out, which the release runs in float32). x: (..., K), weight: (N, K), bias: (N,)."""
     return F.linear(x, weight, bias)
@@ -89,6 +99,7 @@ EAGER_OPS = SimpleNamespace(
     scale_add_rms_norm=scale_add_rms_norm,
     qk_rms_norm_rope=qk_rms_norm_rope,
     silu_mul=silu_mul,
+    linear_silu_mul=linear_silu_mul,
     linear_fp32=linear_fp32,
 )
 
@@ -158,7 +169,7 @@ class DecoderBlock(nn.Module):
         o = o.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
         o = self.attn.to_out(o)
         residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps, compute_dtype)
-        y = self.ff.w2(ops.silu_mul(self.ff.w1(normed)))
+        y = self.ff.w2(ops.linear_silu_mul(normed, self.ff.w1.weight, self.ff.w1.bias))
         return ops.scale_add_rms_norm(residual, y, self.scale2, next_norm_weight, self.eps, compute_dtype)
 
 

@@ -135,6 +135,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
     parser.add_argument("--tile-batch", type=int, help="tiles per decoder call (lower it to save GPU memory)")
     parser.add_argument(
+        "--gemm",
+        choices=("auto", "cublas", "quack"),
+        default="cublas",
+        help="block GEMMs of the fused fp16 path: cublas (default: importing quack takes 11-17 s, more than it "
+        "saves on one clip), quack (Hopper, the hopper extra; ~4%% faster per unit) or auto (quack where it runs)",
+    )
+    parser.add_argument(
         "--offload",
         choices=("auto", "none", "blocks"),
         default="auto",
@@ -198,6 +205,7 @@ FLAGS = {
     "tile_batch": "--tile-batch",
     "max_gpu_memory": "--max-gpu-memory",
     "offload": "--offload",
+    "gemm": "--gemm",
 }
 
 
@@ -214,6 +222,7 @@ def decode_options(args: argparse.Namespace, device=None):
             tile_batch=args.tile_batch,
             offload=args.offload,
             max_gpu_memory=args.max_gpu_memory,
+            gemm=args.gemm,
         )
     except ValueError as error:
         message = str(error)
@@ -344,6 +353,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
             agree(None, ranks)
         agree(None, ranks)
         return
+    from . import fused
     from .blocks import EAGER_OPS
 
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
@@ -352,6 +362,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     path = (
         "eager" if not kernels else "fused" if kernels == len(vars(EAGER_OPS)) else f"{kernels} fused, the other eager"
     )
+    path += ", quack's GEMM for w1 and its gate" if fused.uses_quack(ops) else ""
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"

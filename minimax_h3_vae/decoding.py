@@ -43,7 +43,7 @@ class H3VideoDecoder(H3Decoder):
     def __init__(self, config: H3DecoderConfig, runtime: Runtime | None = None):
         super().__init__(config)
         self._runtime = runtime if runtime is not None else Runtime()
-        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, device, dtype) -> the ops
+        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, gemm, device, dtype) -> the ops
         self._streamer: BlockStreamer | None = None
         self._streaming = threading.Lock()  # one layer-major decode at a time through the streamer's slots
 
@@ -114,22 +114,22 @@ class H3VideoDecoder(H3Decoder):
 
     def ops(self, runtime: Runtime | None = None) -> SimpleNamespace:
         """The pointwise ops for `runtime` (default: the decoder's): eager, or the Triton kernels when it asks
-        for fused ops. Selected once per (fused, device, dtype), with a warning naming any kernel that
-        cannot run here (that op then runs eagerly)."""
+        for fused ops (with `runtime.gemm`'s GEMM for w1). Selected once per (fused, gemm, device, dtype), with
+        a warning naming any kernel that cannot run here (that op then runs without it)."""
         runtime = runtime or self._runtime
         key = self._ops_key(runtime)
         if key not in self._ops:
             if key[0]:
                 from . import fused
 
-                self._ops[key] = fused.select_ops(self.config, self.device, self.compute_dtype)
+                self._ops[key] = fused.select_ops(self.config, self.device, self.compute_dtype, runtime.gemm)
             else:
                 self._ops[key] = EAGER_OPS
         return self._ops[key]
 
     def _ops_key(self, runtime: Runtime) -> tuple:
         fused = runtime.fused if runtime.fused is not None else resolve_fused(None, self.device)
-        return (fused, self.device, self.compute_dtype)
+        return (fused, runtime.gemm, self.device, self.compute_dtype)
 
     def device_bytes(self) -> int:
         """Bytes of weights this decoder holds on its device, the streaming slots included."""

@@ -692,8 +692,9 @@ def load_weights(
 class LibrarySetUp:
     """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
     load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
-    0.5 s on an H200), and cuBLAS, cuDNN and the attention backends each get one small call (about 0.3 s of
-    library loading and handles). Everything runs on two zero tokens; nothing here touches the model.
+    0.5 s on an H200; with gemm="quack", quack is imported and its GEMM built: 15-20 s), and cuBLAS, cuDNN
+    and the attention backends each get one small call (about 0.3 s of library loading and handles).
+    Everything runs on two zero tokens; nothing here touches the model.
 
     `join()` returns the selected ops (the model keeps them, so they are selected once), or None when the
     set-up failed: it is only a head start, and the first decode then meets any real problem itself.
@@ -713,8 +714,8 @@ class LibrarySetUp:
                 if runtime.fused:
                     from . import fused
 
-                    ops = fused.select_ops(c, device, dtype)
-                    fused.warm_up(ops, c, device, dtype)
+                    ops = fused.select_ops(c, device, dtype, runtime.gemm)
+                    fused.warm_up(ops, c, device, dtype, runtime.gemm)
                 else:
                     ops = EAGER_OPS
                 tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)

@@ -28,6 +28,10 @@ from .tiling import RELEASE_TILING, Tiling
 # Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
 ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 OFFLOAD_MODES = ("none", "blocks")
+# The block GEMMs of the fused fp16 path: cuBLAS (through torch), or quack's CuTe-DSL GEMMs with the work
+# between them in their epilogues (fused/linear_silu_mul.py; Hopper only, the `hopper` extra).
+GEMM_BACKENDS = ("cublas", "quack")
+HOPPER_INSTALL = 'pip install "minimax-h3-vae[hopper]"'
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
 GIB = 2**30
 # The largest GPU memory budget taken, in GiB: far above any card, small enough that bytes stay exact.
@@ -45,7 +49,8 @@ class Runtime:
     spatial tile geometry. output_rank: under torch.distributed, the one rank that receives the video (None:
     every rank). attention_backends: SDPA backend names, most preferred first. offload: "none" (every weight
     on the device) or "blocks" (block linears in host memory, streamed, layer-major). max_gpu_memory: bytes
-    the decoder may hold on the GPU, weights included (None: what is free).
+    the decoder may hold on the GPU, weights included (None: what is free). gemm: the fused path's block GEMMs,
+    "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's).
     """
 
     fused: bool | None = None
@@ -55,6 +60,7 @@ class Runtime:
     attention_backends: tuple[str, ...] = ATTENTION_BACKENDS
     offload: str = "none"
     max_gpu_memory: int | None = None
+    gemm: str = "cublas"
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class DecodeOptions:
     (None: as many as fit). offload: "auto", "none" or "blocks". max_gpu_memory: GiB the decoder may hold on
     the GPU, weights included (None: what is free). tiling: a `Tiling` (None: the release's 256 / 64 px).
     output_rank: the one rank that receives the video under torch.distributed (None: every rank).
-    attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS).
+    attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS). gemm: "auto",
+    "cublas" or "quack", the fused fp16 path's block GEMMs (`resolve_gemm`; auto: quack where it runs).
     """
 
     device: str | torch.device | None = None
@@ -80,6 +87,7 @@ class DecodeOptions:
     tiling: Tiling | None = None
     output_rank: int | None = None
     attention_backends: tuple[str, ...] | str | None = None
+    gemm: str = "auto"
 
     def __post_init__(self):
         device = resolve_device(self.device)
@@ -91,6 +99,7 @@ class DecodeOptions:
         if self.offload not in ("auto", *OFFLOAD_MODES):
             raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
         _check_gib(self.max_gpu_memory)
+        object.__setattr__(self, "gemm", resolve_gemm(self.gemm, device, self.dtype, self.fused))
 
     def replace(self, **changes) -> DecodeOptions:
         return dataclasses.replace(self, **changes)
@@ -113,6 +122,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         attention_backends=options.attention_backends or ATTENTION_BACKENDS,
         offload=offload,
         max_gpu_memory=cap,
+        gemm=options.gemm,
     )
 
 
@@ -226,6 +236,36 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     if resolved not in (torch.float32, torch.float16):
         raise ValueError(f"dtype {dtype!r} is not supported: use torch.float32 ('fp32') or 'fp16' (release recipe)")
     return resolved
+
+
+def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+    """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
+    recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
+    CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
+    ValueError naming what is missing. Nothing is imported here: quack's import (11-17 s on an H200) happens
+    at load, beside the weights."""
+    if gemm not in ("auto", *GEMM_BACKENDS):
+        raise ValueError(f"gemm must be 'auto', 'cublas' or 'quack', got {gemm!r}")
+    if gemm == "cublas":
+        return gemm
+    missing = _quack_problem(device, dtype, fused)
+    if missing is None:
+        return "quack"
+    if gemm == "quack":
+        raise ValueError(f"gemm 'quack' {missing}; or choose the 'cublas' GEMMs")
+    return "cublas"
+
+
+def _quack_problem(device: torch.device, dtype: torch.dtype, fused: bool) -> str | None:
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
+    if dtype != torch.float16:
+        return "runs the fp16 recipe's GEMMs, not fp32: choose fp16"
+    if not fused:
+        return "runs on the fused path, not the eager one: turn the fused path on"
+    if importlib.util.find_spec("quack") is None or importlib.util.find_spec("cutlass") is None:
+        return f"needs quack-kernels and NVIDIA's CuTe DSL: {HOPPER_INSTALL}"
+    return None
 
 
 def resolve_fused(fused: bool | None, device: torch.device) -> bool:

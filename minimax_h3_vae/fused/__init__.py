@@ -1,7 +1,8 @@
-"""Triton kernels for the decoder's pointwise ops and its float32 output projection.
+"""Triton kernels for the decoder's pointwise ops and its float32 output projection, and (gemm="quack")
+quack's GEMM for w1 with the gate in its epilogue.
 
-`select_ops(config, device, dtype)` builds a model's ops once: for each op, the kernel's launcher when the
-kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
+`select_ops(config, device, dtype, gemm)` builds a model's ops once: for each op, the kernel's launcher when
+the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
 `blocks.py`, with one warning naming each kernel left out and why. The ops have the eager signatures; a
 launcher still checks its contract on every call and raises ValueError outside it, never a silent fallback.
 
@@ -16,12 +17,13 @@ import warnings
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from .. import blocks
 from ..config import H3DecoderConfig
 from ._common import LAUNCHES, device_problem
 
-__all__ = ["launch_counts", "select_ops", "warm_up"]
+__all__ = ["launch_counts", "select_ops", "uses_quack", "warm_up"]
 
 # op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
 KERNELS = {
@@ -31,21 +33,26 @@ KERNELS = {
     "silu_mul": "silu_mul",
     "linear_fp32": "tf32x3_linear",
 }
+# gemm="quack": the op whose GEMM quack runs -> its module. With cuBLAS that op is torch's linear followed
+# by the silu_mul kernel.
+QUACK_KERNELS = {"linear_silu_mul": "linear_silu_mul"}
 
 
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul', 'tf32x3_linear'."""
+    'silu_mul', 'tf32x3_linear', 'linear_silu_mul' (quack's)."""
     return dict(LAUNCHES)
 
 
-def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> dict[str, tuple]:
-    """Arguments shaped and laid out as the decoder passes them to each op (two tokens of one tile), zeros."""
+def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str) -> dict[str, tuple]:
+    """Arguments shaped and laid out as the decoder passes them to each op that has a kernel of its own (two
+    tokens of one tile), zeros."""
     c = config
 
     def zeros(*shape, dtype=torch.float32):
         return torch.zeros(*shape, dtype=dtype, device=device)
 
+    w1 = (zeros(1, 2, c.dim, dtype=dtype), zeros(2 * c.ffn_dim, c.dim, dtype=dtype), zeros(2 * c.ffn_dim, dtype=dtype))
     return {
         "rms_norm": (zeros(1, 2, c.dim), zeros(c.dim), c.norm_eps, dtype),
         "scale_add_rms_norm": (
@@ -65,23 +72,45 @@ def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dty
         ),
         "silu_mul": (zeros(1, 2, 2 * c.ffn_dim, dtype=dtype),),
         "linear_fp32": (zeros(1, 2, c.dim), zeros(c.patch_dim, c.dim), zeros(c.patch_dim)),
+        **({"linear_silu_mul": w1} if gemm == "quack" else {}),
     }
 
 
-def warm_up(ops: SimpleNamespace, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> None:
-    """Call each of `ops` once on two zero tokens laid out as the decoder passes them. A process's first
-    Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about 0.5 s on
-    an H200); done here, in a thread beside the weight load, it is off the first decode's path."""
-    for name, args in _model_calls(config, torch.device(device), dtype).items():
+def warm_up(
+    ops: SimpleNamespace, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str = "cublas"
+) -> None:
+    """Call each kernel of `ops` once on two zero tokens laid out as the decoder passes them. A process's
+    first Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about
+    0.5 s on an H200), and quack's first call builds its GEMM (about 3 s); done here, in a thread beside the
+    weight load, it is off the first decode's path."""
+    for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
         getattr(ops, name)(*args)
 
 
-def select_ops(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
+def uses_quack(ops: SimpleNamespace) -> bool:
+    """Whether `ops` (from select_ops) run w1 and its gate on quack's GEMM."""
+    return getattr(ops.linear_silu_mul, "__module__", None) == f"{__name__}.linear_silu_mul"
+
+
+def _after_cublas(silu_mul):
+    """`blocks.linear_silu_mul` with this gate: torch's (cuBLAS) linear, then `silu_mul`."""
+
+    def linear_silu_mul(x, weight, bias):
+        return silu_mul(F.linear(x, weight, bias))
+
+    return linear_silu_mul
+
+
+def select_ops(
+    config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str = "cublas"
+) -> SimpleNamespace:
     """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
-    can run there, else the eager op (and one warning naming those kernels and why)."""
+    can run there, else the eager op (and one warning naming those kernels and why). gemm: "quack" takes
+    quack's gated GEMM for w1 where it runs (this imports quack), "cublas" torch's linear and the gate."""
+    kernels = {**KERNELS, **(QUACK_KERNELS if gemm == "quack" else {})}
     ops, left_out = {}, []
-    for name, args in _model_calls(config, torch.device(device), dtype).items():
-        module = KERNELS[name]
+    for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
+        module = kernels[name]
         # The device test comes first so that a kernel that cannot launch here is never defined.
         problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
         if problem is None:
@@ -90,11 +119,16 @@ def select_ops(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype
         if problem is None:
             ops[name] = getattr(kernel, name)
         else:
-            ops[name] = getattr(blocks.EAGER_OPS, name)
             left_out.append(f"{module} ({problem})")
+            if name not in QUACK_KERNELS:  # quack's op falls back to cuBLAS and the gate, below
+                ops[name] = getattr(blocks.EAGER_OPS, name)
+    if "linear_silu_mul" not in ops:
+        silu_mul = ops["silu_mul"]
+        ops["linear_silu_mul"] = blocks.linear_silu_mul if silu_mul is blocks.silu_mul else _after_cublas(silu_mul)
     if left_out:
         warnings.warn(
-            f"fused path on {device} with {dtype}: running eagerly in place of the kernel(s) {'; '.join(left_out)}",
+            f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(left_out)} "
+            "(eager ops in their place; torch's linear and the gate in place of quack's)",
             stacklevel=3,
         )
     return SimpleNamespace(**ops)

@@ -19,7 +19,14 @@ MAX_GRID_YZ = 65535
 # The row kernels hold a whole row in one block; wider rows would spill registers.
 MAX_ROW_WIDTH = 8192
 
-LAUNCHES = {"rms_norm": 0, "scale_add_rms_norm": 0, "qk_rms_norm_rope": 0, "silu_mul": 0, "tf32x3_linear": 0}
+LAUNCHES = {
+    "rms_norm": 0,
+    "scale_add_rms_norm": 0,
+    "qk_rms_norm_rope": 0,
+    "silu_mul": 0,
+    "tf32x3_linear": 0,
+    "linear_silu_mul": 0,
+}
 
 
 def count_launch(name: str) -> None:

@@ -1,0 +1,123 @@
+"""w1 and the FFN's gate in one GEMM: quack's Hopper GEMM with the SwiGLU in its epilogue.
+
+`blocks.linear_silu_mul` writes w1's (M, 2F) output in fp16 and reads it back for the gate; here the gate is
+applied to the float32 accumulator inside the GEMM (quack-kernels' `gemm_act(..., activation="swiglu")`, a
+CuTe-DSL kernel), so the (M, 2F) tensor never exists. On the H200 at the released size (M = 50316, K = 2048,
+2F = 16384) that is 5.05 ms against 5.33 for cuBLAS + the Triton gate (benchmarks/RESULTS.md, run 15).
+
+Numerics: the result is `silu(gate) * value` of the float32 product and bias, rounded to fp16 once, so it
+is within one fp16 rounding of `linear_silu_mul_reference` (below). The release rounds three times (w1's
+output, the silu, the product), so this op is more accurate than the eager one and not bit-equal to it.
+
+quack reads w1's rows as released ([gate; value] halves): `concat_layout` makes the kernel see them
+interleaved, so nothing is rewritten at load. One compiled kernel serves every row count M (quack keys its
+builds on dtypes, layouts and alignment, not on M); the first call in a process builds it (~3 s on an
+H200) and importing quack costs 11-17 s, so the decoder does both at load (`fused.warm_up`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from ._common import as_rows, count_launch, grad_problem
+
+__all__ = ["linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
+
+DTYPES = (torch.float16, torch.bfloat16)
+# TMA loads and stores need 16-byte aligned rows: 8 half-precision elements.
+ALIGN = 8
+
+
+def linear_silu_mul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """What the kernel computes: w1 and the gate in float32, rounded to x's dtype once. Shapes as in
+    `linear_silu_mul`."""
+    h = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    gate, value = h.chunk(2, dim=-1)
+    return (F.silu(gate) * value).to(x.dtype)
+
+
+@functools.cache
+def _quack_gemm_act():
+    """quack's `gemm_act`, imported once.
+
+    quack 0.6.5 keys its compile cache on a fingerprint of everything the epilogue's code refers to, and
+    refuses values it cannot fingerprint. With nvidia-cutlass-dsl 4.7.1 the activation's code reaches the
+    DSL's `logging.Logger`, so every gated build fails with "no fail-closed semantic key". quack's keyer takes
+    any type with `__quack_semantic_key__`; a logger changes no traced math, so its name is its key.
+    """
+    if not hasattr(logging.Logger, "__quack_semantic_key__"):
+        logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
+    from quack.gemm_interface import gemm_act
+
+    return gemm_act
+
+
+def _import_problem() -> str | None:
+    if importlib.util.find_spec("quack") is None or importlib.util.find_spec("cutlass") is None:
+        return 'quack-kernels and nvidia-cutlass-dsl are not installed (pip install "minimax-h3-vae[hopper]")'
+    try:
+        _quack_gemm_act()
+    except Exception as error:  # an install that does not import: report it, the caller falls back
+        return f"quack did not import ({type(error).__name__}: {error})"
+    return None
+
+
+def unsupported(x, weight, bias) -> str | None:
+    """Why `linear_silu_mul(x, weight, bias)` is outside the kernel's contract, or None (this imports quack)."""
+    if not all(isinstance(t, torch.Tensor) for t in (x, weight)) or not (
+        bias is None or isinstance(bias, torch.Tensor)
+    ):
+        return "x and weight must be tensors, bias a tensor or None"
+    if x.dtype not in DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return f"x, weight and bias must share one of {[str(d) for d in DTYPES]}, got {x.dtype}, {weight.dtype}"
+    tensors = [t for t in (x, weight, bias) if t is not None]
+    if any(t.device.type != "cuda" for t in tensors) or len({t.device for t in tensors}) != 1:
+        return "the tensors must be on one CUDA device"
+    if torch.cuda.get_device_capability(x.device) != (9, 0):
+        return f"quack's gated GEMM is used on Hopper (compute capability 9.0) only; {x.device} is not one"
+    if x.dim() == 0 or weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
+        return f"need x (..., K) and weight (2F, K), got {tuple(x.shape)} and {tuple(weight.shape)}"
+    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
+        return f"bias must be contiguous with shape ({weight.shape[0]},), got {tuple(bias.shape)}"
+    if x.shape[-1] % ALIGN or weight.shape[0] // 2 % ALIGN:
+        return f"K and F must be multiples of {ALIGN} (16-byte rows), got K={x.shape[-1]}, F={weight.shape[0] // 2}"
+    rows = as_rows(x)
+    if rows is None or (rows.shape[0] > 1 and rows.stride(0) % ALIGN) or not weight.is_contiguous():
+        return "x must flatten to rows of 16-byte aligned stride and weight must be contiguous"
+    if any(t.data_ptr() % 16 for t in tensors):
+        return "the tensors must start at 16-byte aligned addresses"
+    return grad_problem(tensors) or _import_problem()
+
+
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`blocks.linear_silu_mul` as one GEMM, the gate applied to the float32 accumulator.
+
+    x: (..., K) float16/bfloat16 on a Hopper GPU, last dim contiguous, leading dims flattening to one row
+    stride. weight: (2F, K) contiguous, rows [gate; value] (release layout). bias: (2F,) or None. All one
+    dtype; K and F multiples of 8. Returns a new contiguous (..., F) tensor of x's dtype. Raises ValueError
+    outside this contract.
+    """
+    problem = unsupported(x, weight, bias)
+    if problem:
+        raise ValueError(f"linear_silu_mul: {problem}")
+    rows = as_rows(x)
+    half = weight.shape[0] // 2
+    out = torch.empty((rows.shape[0], half), dtype=x.dtype, device=x.device)
+    if out.numel():
+        _quack_gemm_act()(
+            rows,
+            weight.T,
+            bias=bias,
+            activation="swiglu",
+            postact_out=out,
+            store_preact=False,
+            tuned=False,
+            concat_layout=("B", "bias") if bias is not None else ("B",),
+        )
+        count_launch("linear_silu_mul")
+    return out.view(*x.shape[:-1], half)
