@@ -25,7 +25,10 @@ def latents():
 
 
 def decode(layouts, latents, dtype, is_fused):
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused)
+    # The Triton kernels' path: cuBLAS for every GEMM (quack's, where installed, is tested in test_quack_gemm.py).
+    decoder = H3VideoDecoder.from_pretrained(
+        layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused, gemm="cublas"
+    )
     assert decoder.runtime.fused is is_fused
     before = fused.launch_counts()
     out = decoder.decode(latents)
@@ -111,7 +114,7 @@ def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
     off the first decode), the model keeps the ops selected there, and the output is the same as from a
     model whose set-up came with its first decode."""
     before = fused.launch_counts()
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True)
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas")
     after = fused.launch_counts()
     triton_kernels = [name for name in after if name != "linear_silu_mul"]  # quack's runs for gemm="quack"
     assert {name: after[name] - before[name] for name in after} == {
@@ -120,7 +123,7 @@ def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
     }
     ops = decoder.ops()
     assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in vars(EAGER_OPS))
-    late = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True)
+    late = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas")
     late._ops.clear()  # selected again at its first decode, as before the set-up thread existed
     assert torch.equal(decoder.decode(latents), late.decode(latents))
 
