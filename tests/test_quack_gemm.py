@@ -232,3 +232,21 @@ def test_load_builds_quack_beside_the_weights(layouts):
     before = fused.launch_counts()["linear_silu_mul"]
     H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
     assert fused.launch_counts()["linear_silu_mul"] == before + 1
+
+
+@needs_quack
+def test_command_with_gemm_quack_writes_what_the_api_decodes(layouts, tmp_path, capsys):
+    """--gemm quack through the command: it says so, and its frames are the API's with gemm="quack"."""
+    from safetensors.torch import load_file, save_file
+
+    from minimax_h3_vae import to_uint8_frames
+
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(9))
+    latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({"latents": z}, str(latents))
+    code = cli.main([str(latents), str(out), "--model", str(layouts["original"]), "--raw-latents", "--gemm", "quack"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "quack's GEMM for w1 and its gate" in err
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack")
+    assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)))
