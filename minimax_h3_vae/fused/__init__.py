@@ -118,17 +118,17 @@ def select_ops(
             problem = kernel.unsupported(*args)
         if problem is None:
             ops[name] = getattr(kernel, name)
+        elif name in QUACK_KERNELS:  # falls back to torch's linear and the gate, below
+            left_out.append(f"{module} ({problem}; torch's linear and the gate run instead)")
         else:
-            left_out.append(f"{module} ({problem})")
-            if name not in QUACK_KERNELS:  # quack's op falls back to cuBLAS and the gate, below
-                ops[name] = getattr(blocks.EAGER_OPS, name)
+            ops[name] = getattr(blocks.EAGER_OPS, name)
+            left_out.append(f"{module} ({problem}; the eager op runs instead)")
     if "linear_silu_mul" not in ops:
         silu_mul = ops["silu_mul"]
         ops["linear_silu_mul"] = blocks.linear_silu_mul if silu_mul is blocks.silu_mul else _after_cublas(silu_mul)
     if left_out:
         warnings.warn(
-            f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(left_out)} "
-            "(eager ops in their place; torch's linear and the gate in place of quack's)",
+            f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(left_out)}",
             stacklevel=3,
         )
     return SimpleNamespace(**ops)
