@@ -99,7 +99,7 @@ attempt(
         concat_layout=("B", "bias"),
     )[1][0],
 )
-wi = gi._concat_interleave(w.T).contiguous() if False else w.view(2, N // 2, K).transpose(0, 1).reshape(N, K)
+wi = w.view(2, N // 2, K).transpose(0, 1).reshape(N, K)  # rows gate0, value0, gate1, ...
 bi = b.view(2, N // 2).t().reshape(N)
 attempt("interleaved", lambda: gi.gemm_act(x, wi.T, bias=bi, activation="swiglu", store_preact=False, tuned=False)[1])
 

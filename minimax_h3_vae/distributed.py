@@ -158,9 +158,11 @@ def _gather(local: torch.Tensor, counts: list[int], output_rank: int | None) -> 
     """Every rank's decoded tiles (rank r holds counts[r]), concatenated in rank order, where received."""
     import torch.distributed as dist
 
-    # Collectives move equal shapes: pad every share to the largest.
-    padded = local.new_zeros(max(counts), *local.shape[1:])
-    padded[: local.shape[0]] = local
+    # Collectives move equal shapes: pad a share below the largest (the padding is never read).
+    padded = local
+    if local.shape[0] < max(counts):
+        padded = local.new_empty(max(counts), *local.shape[1:])
+        padded[: local.shape[0]] = local
     if output_rank is None:
         gathered = [torch.empty_like(padded) for _ in counts]
         dist.all_gather(gathered, padded)

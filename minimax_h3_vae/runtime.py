@@ -31,7 +31,6 @@ OFFLOAD_MODES = ("none", "blocks")
 # The block GEMMs of the fused fp16 path: cuBLAS (through torch), or quack's CuTe-DSL GEMMs with the work
 # between them in their epilogues (fused/linear_silu_mul.py; Hopper only, the `hopper` extra).
 GEMM_BACKENDS = ("cublas", "quack")
-HOPPER_INSTALL = 'pip install "minimax-h3-vae[hopper]"'
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
 GIB = 2**30
 # The largest GPU memory budget taken, in GiB: far above any card, small enough that bytes stay exact.
@@ -257,14 +256,16 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: boo
 
 
 def _quack_problem(device: torch.device, dtype: torch.dtype, fused: bool) -> str | None:
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+    from .fused import linear_silu_mul as quack  # its contract's facts; importing it imports no quack
+
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
     if dtype != torch.float16:
         return "runs the fp16 recipe's GEMMs, not fp32: choose fp16"
     if not fused:
         return "runs on the fused path, not the eager one: turn the fused path on"
-    if importlib.util.find_spec("quack") is None or importlib.util.find_spec("cutlass") is None:
-        return f"needs quack-kernels and NVIDIA's CuTe DSL: {HOPPER_INSTALL}"
+    if not quack.installed():
+        return f"needs quack-kernels and NVIDIA's CuTe DSL: {quack.INSTALL}"
     return None
 
 

@@ -138,34 +138,30 @@ def test_eager_op_is_linear_then_gate():
 # ---- the kernel on the GPU ------------------------------------------------------------------------------------
 
 
-def truth(x, weight, bias):
-    """silu(gate) * value of the float64 product and bias (what the kernel rounds once)."""
-    h = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
-    gate, value = h.chunk(2, dim=-1)
-    return F.silu(gate) * value
-
-
-def assert_one_rounding(out: torch.Tensor, x, weight, bias) -> None:
-    """out is within one rounding step of its dtype from the exact value, plus what a float32 sum over K may
-    lose on the way, carried through the gate.
+def exact_and_allowance(x, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu(gate) * value of the float64 product and bias (what the kernel rounds once), and per value what
+    a float32 sum over K may lose on the way, carried through the gate.
 
     A GEMM sums K products in float32 in blocks (tensor-core steps inside a k-tile, then k-tiles one after
     another), so each output has at most about K / 64 + 6 roundings at the scale of sum |x_k w_k| (2^-23
     each: tensor cores may truncate). Through `silu(g) * v` that error is scaled by at most
-    |v| * max silu' (1.1) + |silu(g)|. A wrong pairing of gate and value, a lost bias or a wrong scale is
-    O(1) off and fails this by far.
+    |v| * max silu' (1.1) + |silu(g)|.
     """
-    exact = truth(x, weight, bias)
-    k = x.shape[-1]
-    scale = F.linear(x.double().abs(), weight.double().abs(), None if bias is None else bias.double().abs())
-    slack = (k / 64 + 6) * 2.0**-23 * scale
-    h = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    b64 = None if bias is None else bias.double()
+    h = F.linear(x.double(), weight.double(), b64)
+    scale = F.linear(x.double().abs(), weight.double().abs(), None if b64 is None else b64.abs())
     gate, value = h.chunk(2, dim=-1)
-    slack_g, slack_v = slack.chunk(2, dim=-1)
-    carried = 1.1 * value.abs() * slack_g + F.silu(gate).abs() * slack_v
+    slack_g, slack_v = ((x.shape[-1] / 64 + 6) * 2.0**-23 * scale).chunk(2, dim=-1)
+    return F.silu(gate) * value, 1.1 * value.abs() * slack_g + F.silu(gate).abs() * slack_v
+
+
+def assert_one_rounding(out: torch.Tensor, exact: torch.Tensor, allowance: torch.Tensor) -> None:
+    """out is within one rounding step of its dtype from the exact value, plus the float32 sum's allowance
+    (exact_and_allowance). A wrong pairing of gate and value, a lost bias or a wrong scale is O(1) off and
+    fails this by far."""
     eps = torch.finfo(out.dtype).eps  # one step at the value's scale is at most eps * |value|
     subnormal_step = torch.finfo(out.dtype).smallest_normal * eps
-    bound = eps * exact.abs() + subnormal_step + carried
+    bound = eps * exact.abs() + subnormal_step + allowance
     excess = (out.double() - exact).abs() - bound
     assert excess.max() <= 0, f"{int((excess > 0).sum())} values beyond the bound, worst by {excess.max().item():.3e}"
 
@@ -183,9 +179,9 @@ def test_kernel_at_released_width_is_one_rounding_from_exact(rows, bias):
     out = linear_silu_mul(x, weight, b)
     assert fused.launch_counts()["linear_silu_mul"] == before + 1
     assert out.shape == (rows, 8192) and out.dtype == torch.float16
-    assert_one_rounding(out, x, weight, b)
-    assert_one_rounding(linear_silu_mul_reference(x, weight, b), x, weight, b)
-    exact = truth(x, weight, b)
+    exact, allowance = exact_and_allowance(x, weight, b)
+    assert_one_rounding(out, exact, allowance)
+    assert_one_rounding(linear_silu_mul_reference(x, weight, b), exact, allowance)
     eager = blocks.linear_silu_mul(x, weight, b)
     assert (out.double() - exact).abs().mean() < (eager.double() - exact).abs().mean()
 
@@ -200,7 +196,7 @@ def test_kernel_takes_the_blocks_layout_and_bf16():
         b = torch.randn(256, device="cuda", generator=g).to(dtype)
         out = linear_silu_mul(x, weight, b)
         assert out.shape == (3, 37, 128)
-        assert_one_rounding(out, x, weight, b)
+        assert_one_rounding(out, *exact_and_allowance(x, weight, b))
 
 
 @needs_quack

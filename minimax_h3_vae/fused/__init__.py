@@ -52,8 +52,7 @@ def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dty
     def zeros(*shape, dtype=torch.float32):
         return torch.zeros(*shape, dtype=dtype, device=device)
 
-    w1 = (zeros(1, 2, c.dim, dtype=dtype), zeros(2 * c.ffn_dim, c.dim, dtype=dtype), zeros(2 * c.ffn_dim, dtype=dtype))
-    return {
+    calls = {
         "rms_norm": (zeros(1, 2, c.dim), zeros(c.dim), c.norm_eps, dtype),
         "scale_add_rms_norm": (
             zeros(1, 2, c.dim),
@@ -72,8 +71,11 @@ def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dty
         ),
         "silu_mul": (zeros(1, 2, 2 * c.ffn_dim, dtype=dtype),),
         "linear_fp32": (zeros(1, 2, c.dim), zeros(c.patch_dim, c.dim), zeros(c.patch_dim)),
-        **({"linear_silu_mul": w1} if gemm == "quack" else {}),
     }
+    if gemm == "quack":  # w1's full weight (134 MB at the released size): only where quack's GEMM is built
+        w1 = (2 * c.ffn_dim, c.dim)
+        calls["linear_silu_mul"] = (zeros(1, 2, c.dim, dtype=dtype), zeros(*w1, dtype=dtype), zeros(w1[0], dtype=dtype))
+    return calls
 
 
 def warm_up(

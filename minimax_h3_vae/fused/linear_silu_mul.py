@@ -29,6 +29,9 @@ from ._common import as_rows, count_launch, grad_problem
 __all__ = ["linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
 DTYPES = (torch.float16, torch.bfloat16)
+# The compute capability the GEMM was measured on (H100, H200), and how to install what it needs.
+HOPPER = (9, 0)
+INSTALL = 'pip install "minimax-h3-vae[hopper]"'
 # TMA loads and stores need 16-byte aligned rows: 8 half-precision elements.
 ALIGN = 8
 
@@ -57,9 +60,14 @@ def _quack_gemm_act():
     return gemm_act
 
 
+def installed() -> bool:
+    """Whether quack-kernels and NVIDIA's CuTe DSL are installed (nothing is imported)."""
+    return importlib.util.find_spec("quack") is not None and importlib.util.find_spec("cutlass") is not None
+
+
 def _import_problem() -> str | None:
-    if importlib.util.find_spec("quack") is None or importlib.util.find_spec("cutlass") is None:
-        return 'quack-kernels and nvidia-cutlass-dsl are not installed (pip install "minimax-h3-vae[hopper]")'
+    if not installed():
+        return f"quack-kernels and nvidia-cutlass-dsl are not installed ({INSTALL})"
     try:
         _quack_gemm_act()
     except Exception as error:  # an install that does not import: report it, the caller falls back
@@ -78,7 +86,7 @@ def unsupported(x, weight, bias) -> str | None:
     tensors = [t for t in (x, weight, bias) if t is not None]
     if any(t.device.type != "cuda" for t in tensors) or len({t.device for t in tensors}) != 1:
         return "the tensors must be on one CUDA device"
-    if torch.cuda.get_device_capability(x.device) != (9, 0):
+    if torch.cuda.get_device_capability(x.device) != HOPPER:
         return f"quack's gated GEMM is used on Hopper (compute capability 9.0) only; {x.device} is not one"
     if x.dim() == 0 or weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
         return f"need x (..., K) and weight (2F, K), got {tuple(x.shape)} and {tuple(weight.shape)}"
