@@ -1,12 +1,13 @@
-"""The fused path's GEMM backends, cuBLAS vs quack (gemm="quack": w1 and its gate as one GEMM), on the H200.
+"""The fused path's GEMM backends on the H200: cuBLAS vs quack (gemm="quack": w1 and its gate as one GEMM, the
+attention's projection with its QK norm and RoPE as another), and quack for w1 alone.
 
     PYTHONPATH=. python benchmarks/bench_gemm.py [--repeats 3] [--rounds 4] [--clip-rounds 1]
 
 Needs quack-kernels and NVIDIA's CuTe DSL (the `hopper` extra). In one process: quack's import and first
-build; w1 + gate alone at a unit's 28 tiles (M = 50316); one 1344x768 unit through both decoders (the same
-weights, shared), alternating, `rounds` x `repeats` timings each, with SM clock and power; errors against an
-fp32 eager decode of the same weights (and the fp16 eager decode's, for scale); the 10 s clip streamed
-through both. A table last.
+builds; each fused GEMM alone at a unit's 28 tiles (M = 50316); one 1344x768 unit through the three decoders
+(the same weights, shared), alternating, `rounds` x `repeats` timings each, with SM clock and power; errors
+against an fp32 eager decode of the same weights (and the fp16 eager decode's, for scale); the 10 s clip streamed
+through cuBLAS and quack. A table last.
 """
 
 from __future__ import annotations
@@ -59,24 +60,41 @@ def stream_seconds(model: H3VideoDecoder, z: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def w1_alone(cuda: torch.device) -> tuple[float, dict]:
-    """quack's first build, then w1 + gate at M = 28 tiles x 1797 tokens: cuBLAS + the Triton gate against
-    quack, median of 10, twice each, alternating."""
+def ops_alone(cuda: torch.device) -> tuple[dict, dict]:
+    """quack's first builds, then each fused GEMM alone at M = 28 tiles x 1797 tokens against cuBLAS + the Triton
+    op after it: w1 + gate, and the attention's projection + QK norm + RoPE. Median of 10, twice, alternating."""
+    from minimax_h3_vae.fused.linear_qk_rms_norm_rope import linear_qk_rms_norm_rope
     from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul
+    from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope
     from minimax_h3_vae.fused.silu_mul import silu_mul
+    from minimax_h3_vae.rope import rotary_table, token_positions
 
     g = torch.Generator(device=cuda).manual_seed(0)
-    x = torch.randn(28 * 1797, 2048, device=cuda, generator=g).half()
-    w = (0.02 * torch.randn(16384, 2048, device=cuda, generator=g)).half()
-    b = (0.02 * torch.randn(16384, device=cuda, generator=g)).half()
-    start = time.perf_counter()
-    linear_silu_mul(x[:2], w, b)
-    torch.cuda.synchronize()
-    build_s = time.perf_counter() - start
-    op_ms = {"cublas": [], "quack": []}
+    x = torch.randn(28, 1797, 2048, device=cuda, generator=g).half()
+    w1 = (0.02 * torch.randn(16384, 2048, device=cuda, generator=g)).half()
+    b1 = (0.02 * torch.randn(16384, device=cuda, generator=g)).half()
+    wq = (0.02 * torch.randn(6144, 2048, device=cuda, generator=g)).half()
+    bq = (0.02 * torch.randn(6144, device=cuda, generator=g)).half()
+    table = rotary_table(token_positions(7, 16, 16, 5, device=cuda), 48, 100.0)
+    rope = (table.cos, table.sin, 32, 1e-5)
+    pairs = {
+        "w1 + gate": (lambda: silu_mul(F.linear(x, w1, b1)), lambda: linear_silu_mul(x, w1, b1)),
+        "qkv + norm + rope": (
+            lambda: qk_rms_norm_rope(F.linear(x, wq, bq), *rope),
+            lambda: linear_qk_rms_norm_rope(x, wq, bq, *rope),
+        ),
+    }
+    build_s = {}
+    for name, (_, quack_call) in pairs.items():
+        start = time.perf_counter()
+        quack_call()
+        torch.cuda.synchronize()
+        build_s[name] = round(time.perf_counter() - start, 2)
+    op_ms = {name: {"cublas": [], "quack": []} for name in pairs}
     for _ in range(2):
-        op_ms["cublas"].append(round(timed(lambda: silu_mul(F.linear(x, w, b)), 10).ms, 3))
-        op_ms["quack"].append(round(timed(lambda: linear_silu_mul(x, w, b), 10).ms, 3))
+        for name, (cublas_call, quack_call) in pairs.items():
+            op_ms[name]["cublas"].append(round(timed(cublas_call, 10).ms, 3))
+            op_ms[name]["quack"].append(round(timed(quack_call, 10).ms, 3))
     return build_s, op_ms
 
 
@@ -88,18 +106,19 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.device("cuda")
     import_start = time.perf_counter()
-    from minimax_h3_vae.fused import linear_silu_mul as quack_op
+    from minimax_h3_vae.fused import _quack
 
-    quack_op._quack_gemm_act()
+    _quack.load()
     import_s = time.perf_counter() - import_start
     import cutlass
     import quack
 
     run_info(commit(), quack=quack.__version__, cutlass_dsl=getattr(cutlass, "__version__", "?"))
 
-    build_s, op_ms = w1_alone(cuda)
+    build_s, op_ms = ops_alone(cuda)
 
-    # The unit: the same weights in fp32 (the reference), fp16 cuBLAS-fused and fp16 quack-fused.
+    # The unit: the same weights in fp32 (the reference), fp16 cuBLAS-fused, fp16 with quack for w1 only (the
+    # attention's projection on cuBLAS + the Triton QK norm), and fp16 with both quack GEMMs.
     with cuda:
         fp32 = H3VideoDecoder(H3DecoderConfig())
     randomize_(fp32.named_parameters(), torch.Generator(device=cuda).manual_seed(0), only=("",))
@@ -109,31 +128,35 @@ def main() -> None:
     del fp32
     torch.cuda.empty_cache()
     cublas = random_released_decoder(cuda).configure(fused=True)
-    quacked = sharing_weights(cublas, gemm="quack")
-    assert not fused.uses_quack(cublas.ops()) and fused.uses_quack(quacked.ops())
+    models = {name: sharing_weights(cublas, gemm="quack") for name in ("quack w1", "quack")}
+    models = {"cublas": cublas, **models}
+    w1_only = models["quack w1"].ops()
+    w1_only.linear_qk_rms_norm_rope = lambda x, w, b, *rope: w1_only.qk_rms_norm_rope(F.linear(x, w, b), *rope)
+    assert not fused.uses_quack(cublas.ops()) and fused.uses_quack(models["quack"].ops())
     eager16 = cublas.decode(z, fused=False)
-    timings = {"cublas": [], "quack": []}
-    outs, peaks, clocks = {}, {}, {"cublas": [], "quack": []}
+    timings = {name: [] for name in models}
+    outs, peaks, clocks = {}, {}, {name: [] for name in models}
     for _ in range(args.rounds):
-        for name, model in (("cublas", cublas), ("quack", quacked)):
+        for name, model in models.items():
             t = timed(lambda model=model: model.decode(z), args.repeats)
             timings[name].append(t.ms)
             outs[name], peaks[name] = t.out, t.peak_bytes
             clocks[name].append(t.clocks)
     clip = random_latents(CLIP_SHAPE, seed=2)
-    clip_s = {"cublas": [], "quack": []}
+    clip_s = {name: [] for name in models}
     for _ in range(args.clip_rounds):
-        for name, model in (("cublas", cublas), ("quack", quacked)):
+        for name in ("cublas", "quack"):
             with ClockSampler() as sampler:
-                clip_s[name].append(stream_seconds(model, clip))
+                clip_s[name].append(stream_seconds(models[name], clip))
             clocks[name].append(sampler.summary)
 
-    print("\nw1 + gate at M = 50316 (median of 10, twice):")
-    print(f"  cublas F.linear + silu_mul: {op_ms['cublas']} ms; quack: {op_ms['quack']} ms")
-    print(f"quack import {import_s:.1f} s, first build {build_s:.2f} s")
+    print("\nEach fused GEMM alone at M = 50316 (median of 10, twice), cuBLAS + the Triton op vs quack:")
+    for name, ms in op_ms.items():
+        print(f"  {name}: cublas {ms['cublas']} ms; quack {ms['quack']} ms")
+    print(f"quack import {import_s:.1f} s, first builds {build_s} s")
     print("\n| gemm | ms per unit (median of rounds) | rounds | 10 s clip s | peak GiB | max abs | mean abs | clocks |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |")
-    for name in ("cublas", "quack"):
+    for name in models:
         unit_ms = statistics.median(timings[name])
         err = errors(outs[name], reference)
         clk = [c for c in clocks[name] if c]
@@ -144,9 +167,11 @@ def main() -> None:
             f"{err[0]:.2e} | {err[1]:.2e} | {clk_text} |"
         )
     e16 = errors(eager16, reference)
-    ratio = statistics.median(timings["quack"]) / statistics.median(timings["cublas"])
-    print(f"fp16 eager vs fp32: max {e16[0]:.2e} mean {e16[1]:.2e}; quack / cublas per unit: {ratio:.3f}")
-    print(f"quack vs cublas fused: max {errors(outs['quack'], outs['cublas'])[0]:.2e}")
+    base = statistics.median(timings["cublas"])
+    ratios = {name: round(statistics.median(timings[name]) / base, 3) for name in models}
+    print(f"fp16 eager vs fp32: max {e16[0]:.2e} mean {e16[1]:.2e}; per unit against cublas: {ratios}")
+    for name in ("quack w1", "quack"):
+        print(f"{name} vs cublas fused: max {errors(outs[name], outs['cublas'])[0]:.2e}")
 
 
 if __name__ == "__main__":

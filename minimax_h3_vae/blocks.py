@@ -70,6 +70,24 @@ def qk_rms_norm_rope(
     return norm_rope(q), norm_rope(k), v
 
 
+def linear_qk_rms_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention's input projection, then `qk_rms_norm_rope`; the projection rounded to x's dtype first
+    (as the release computes it).
+
+    x: (B, S, K). weight: (3 * H * D, K), rows per head [q; k; v] (release layout), x's dtype. bias: (3 * H * D,)
+    or None. Returns q, k, v as `qk_rms_norm_rope` does.
+    """
+    return qk_rms_norm_rope(F.linear(x, weight, bias), cos, sin, num_heads, eps)
+
+
 def silu_mul(h: torch.Tensor) -> torch.Tensor:
     """The FFN's gate: `silu(gate) * value` with `gate, value = h.chunk(2, -1)` (release order).
 
@@ -98,6 +116,7 @@ EAGER_OPS = SimpleNamespace(
     rms_norm=rms_norm,
     scale_add_rms_norm=scale_add_rms_norm,
     qk_rms_norm_rope=qk_rms_norm_rope,
+    linear_qk_rms_norm_rope=linear_qk_rms_norm_rope,
     silu_mul=silu_mul,
     linear_silu_mul=linear_silu_mul,
     linear_fp32=linear_fp32,
@@ -162,7 +181,12 @@ class DecoderBlock(nn.Module):
         """residual: (B, S, C) float32, updated in place. normed: (B, S, C) in the linears' dtype."""
         batch, seq, dim = residual.shape
         compute_dtype = normed.dtype
-        q, k, v = ops.qk_rms_norm_rope(self.attn.to_qkv(normed), rotary.cos, rotary.sin, self.attn.num_heads, self.eps)
+        qkv = self.attn.to_qkv
+        q, k, v = ops.linear_qk_rms_norm_rope(
+            normed, qkv.weight, qkv.bias, rotary.cos, rotary.sin, self.attn.num_heads, self.eps
+        )
+        # q and k may come with their head dims in an order of the op's own (the same for both): the scores
+        # q . k, all that attention reads of them, do not change.
         o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
         # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread). In place on
         # the (B, S, H*D) layout, which the attention backends write contiguously: one vectorised pass.

@@ -362,7 +362,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     path = (
         "eager" if not kernels else "fused" if kernels == len(vars(EAGER_OPS)) else f"{kernels} fused, the other eager"
     )
-    path += ", quack's GEMM for w1 and its gate" if fused.uses_quack(ops) else ""
+    path += ", quack's GEMMs for w1 and the attention's projection" if fused.uses_quack(ops) else ""
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"

@@ -114,7 +114,7 @@ class H3VideoDecoder(H3Decoder):
 
     def ops(self, runtime: Runtime | None = None) -> SimpleNamespace:
         """The pointwise ops for `runtime` (default: the decoder's): eager, or the Triton kernels when it asks
-        for fused ops (with `runtime.gemm`'s GEMM for w1). Selected once per (fused, gemm, device, dtype), with
+        for fused ops (with `runtime.gemm`'s GEMMs). Selected once per (fused, gemm, device, dtype), with
         a warning naming any kernel that cannot run here (that op then runs without it)."""
         runtime = runtime or self._runtime
         key = self._ops_key(runtime)

@@ -692,7 +692,7 @@ def load_weights(
 class LibrarySetUp:
     """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
     load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
-    0.5 s on an H200; with gemm="quack", quack is imported and its GEMM built: 15-20 s), and cuBLAS, cuDNN
+    0.5 s on an H200; with gemm="quack", quack is imported and its two GEMMs built: 15-25 s), and cuBLAS, cuDNN
     and the attention backends each get one small call (about 0.3 s of library loading and handles).
     Everything runs on two zero tokens; nothing here touches the model.
 

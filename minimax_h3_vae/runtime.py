@@ -29,7 +29,8 @@ from .tiling import RELEASE_TILING, Tiling
 ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 OFFLOAD_MODES = ("none", "blocks")
 # The block GEMMs of the fused fp16 path: cuBLAS (through torch), or quack's CuTe-DSL GEMMs with the work
-# between them in their epilogues (fused/linear_silu_mul.py; Hopper only, the `hopper` extra).
+# between them in their epilogues (fused/linear_silu_mul.py, fused/linear_qk_rms_norm_rope.py; Hopper only,
+# the `hopper` extra).
 GEMM_BACKENDS = ("cublas", "quack")
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
 GIB = 2**30
@@ -256,7 +257,7 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: boo
 
 
 def _quack_problem(device: torch.device, dtype: torch.dtype, fused: bool) -> str | None:
-    from .fused import linear_silu_mul as quack  # its contract's facts; importing it imports no quack
+    from .fused import _quack as quack  # where quack runs; importing it imports no quack
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"

@@ -1,4 +1,5 @@
-"""gemm="quack": w1 and its gate as one quack GEMM (fused/linear_silu_mul.py), and the option at every door.
+"""gemm="quack": w1 and its gate as one quack GEMM (fused/linear_silu_mul.py), the attention's projection with
+its QK norm and RoPE as another (fused/linear_qk_rms_norm_rope.py), and the option at every door.
 
 The kernel tests need a Hopper GPU with quack-kernels and NVIDIA's CuTe DSL installed (the `hopper` extra)
 and skip elsewhere; CI (CPU) runs the option's checks, the launcher's contract and the fallbacks.
@@ -14,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, cli, fused
+from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
 from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
+from minimax_h3_vae.rope import rotary_table, token_positions
 from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve_call, resolve_gemm
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -102,20 +105,29 @@ def test_contract_is_checked_before_quack_is_touched():
     x, w = torch.zeros(2, 16), torch.zeros(32, 16)
     assert "must share one of" in unsupported(x, w, None), "float32 is not a quack dtype here"
     assert "CUDA device" in unsupported(x.half(), w.half(), None)
-    with pytest.raises(ValueError, match="linear_silu_mul: x, weight and bias must share"):
+    with pytest.raises(ValueError, match="linear_silu_mul: the tensors must share"):
         linear_silu_mul(x, w, None)
 
 
-def test_select_ops_without_quack_here_keeps_cublas_and_the_gate(recwarn):
-    """Asked for quack where it cannot run (here: the CPU), select_ops warns, naming it, and w1 runs as
-    torch's linear followed by the gate op, so the decode is the cuBLAS path's."""
+def test_select_ops_without_quack_here_keeps_cublas_and_the_ops_after_it(recwarn):
+    """Asked for quack where it cannot run (here: the CPU), select_ops warns, naming both GEMMs, and each runs
+    as torch's linear followed by its op (the gate; the QK norm and RoPE), so the decode is the cuBLAS path's."""
     config = H3DecoderConfig(num_layers=1, num_heads=2)
     ops = fused.select_ops(config, torch.device("cpu"), torch.float32, "quack")
-    assert any("torch's linear and the gate run instead" in str(w.message) for w in recwarn)
+    messages = " ".join(str(w.message) for w in recwarn)
+    assert "torch's linear and the silu_mul op run instead" in messages
+    assert "torch's linear and the qk_rms_norm_rope op run instead" in messages
     assert not fused.uses_quack(ops)
     x = torch.randn(3, 5, config.dim)
     weight, bias = torch.randn(2 * config.ffn_dim, config.dim), torch.randn(2 * config.ffn_dim)
     assert torch.equal(ops.linear_silu_mul(x, weight, bias), ops.silu_mul(F.linear(x, weight, bias)))
+    weight, bias = torch.randn(3 * config.dim, config.dim), torch.randn(3 * config.dim)
+    table = rotary_table(token_positions(1, 1, 5, 0), config.rope_dim, config.rope_theta)
+    args = (table.cos, table.sin, config.num_heads, config.norm_eps)
+    for got, expected in zip(
+        ops.linear_qk_rms_norm_rope(x, weight, bias, *args), ops.qk_rms_norm_rope(F.linear(x, weight, bias), *args)
+    ):
+        assert torch.equal(got, expected)
 
 
 def test_cublas_never_imports_the_quack_module(monkeypatch):
@@ -124,7 +136,7 @@ def test_cublas_never_imports_the_quack_module(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real(name, *a))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU runs the interpreter here
     fused.select_ops(H3DecoderConfig(num_layers=1, num_heads=2), device, torch.float16, "cublas")
-    assert imported and not any(name.endswith("linear_silu_mul") for name in imported)
+    assert imported and not any(name.endswith(tuple(fused.QUACK_KERNELS)) for name in imported)
 
 
 def test_eager_op_is_linear_then_gate():
@@ -133,6 +145,77 @@ def test_eager_op_is_linear_then_gate():
     h = F.linear(x.float(), w.float(), b.float()).half()
     expected = (F.silu(h[:, :16].float()).half().float() * h[:, 16:].float()).half()
     assert torch.equal(blocks.linear_silu_mul(x, w, b), expected)
+
+
+def test_eager_qkv_op_is_linear_then_norm_and_rope():
+    """The block's attention input is the release's two steps, the projection rounded to fp16 first."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(2, 5, 32, generator=g).half(), torch.randn(192, 32, generator=g).half()
+    b = torch.randn(192, generator=g).half()
+    table = rotary_table(token_positions(1, 1, 5, 0), 48, 100.0)
+    args = (table.cos, table.sin, 1, 1e-5)
+    for got, expected in zip(
+        blocks.linear_qk_rms_norm_rope(x, w, b, *args), blocks.qk_rms_norm_rope(F.linear(x, w, b), *args)
+    ):
+        assert torch.equal(got, expected)
+
+
+def qkv_case(batch, seq, width, heads, dtype, device, seed):
+    """x, weight, bias in `dtype` and the released rotary table (48 of 64 dims) for `seq` tokens."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch, seq, width, device=device, generator=g).to(dtype)
+    weight = (torch.randn(3 * heads * 64, width, device=device, generator=g) / width**0.5).to(dtype)
+    bias = (0.1 * torch.randn(3 * heads * 64, device=device, generator=g)).to(dtype)
+    table = rotary_table(token_positions(1, 1, seq, 0, device=device), 48, 100.0)
+    return x, weight, bias, table.cos, table.sin
+
+
+def release_order(t: torch.Tensor, rotary: int) -> torch.Tensor:
+    """q or k as the op returns them (head dims in pair_order) -> the release's dim order."""
+    out = torch.empty_like(t)
+    out[..., qkv_op.pair_order(t.shape[-1], rotary)] = t
+    return out
+
+
+def test_qkv_epilogue_layout_is_the_release_norm_and_rope():
+    """The op's own layout (its row order of w_qkv, its q/k vs v masks, its rotation table), run through the
+    epilogue's arithmetic in float64 on the CPU, gives the release's q, k, v once q and k are put back in
+    the release's dim order: the permutation, the table's pairs and the masks are right before any GPU
+    runs them. A wrong partner, sign or mask is O(1) off."""
+    heads, dim = 2, 64
+    x, weight, bias, cos, sin = qkv_case(2, 5, 32, heads, torch.float16, "cpu", 0)
+    rows, normed, kept = qkv_op._layout(heads, dim, 48, torch.device("cpu"))
+    acc = F.linear(x.double(), weight.double()[rows], bias.double()[rows]).view(2, 5, 3 * heads, dim)
+    rstd = torch.rsqrt(acc.pow(2).mean(-1, keepdim=True) + 1e-5)
+    y = (acc * (rstd * normed.double().view(-1, dim) + kept.double().view(-1, dim))).view(10, -1)
+    table = qkv_op._table(cos, sin, 2, dim, torch.float16).double()
+    assert table.shape == (10, 3 * dim)
+    x1, x2 = y.view(10, heads, -1, 2).unbind(-1)
+    c, s = table.view(10, 1, -1, 2).unbind(-1)
+    out = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).view(2, 5, heads, 3, dim).transpose(1, 2)
+    q, k, v = out.unbind(3)
+    expected = qkv_op.linear_qk_rms_norm_rope_reference(
+        x.double(), weight.double(), bias.double(), cos.half().double(), sin.half().double(), heads, 1e-5
+    )
+    for got, want in zip((release_order(q, 48), release_order(k, 48), v), expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_qkv_rotation_table_takes_neox_tables_only():
+    """The kernel reads each rotated pair's angle once: a table whose halves differ is refused, not misread."""
+    _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 1)
+    cos = cos.clone()
+    cos[:, -1] += 1
+    with pytest.raises(ValueError, match="repeat their first half"):
+        qkv_op._table(cos, sin, 1, 64, torch.float16)
+
+
+def test_qkv_contract_is_checked_before_quack_is_touched():
+    x, weight, bias, cos, sin = qkv_case(1, 4, 16, 1, torch.float16, "cpu", 2)
+    assert "CUDA device" in qkv_op.unsupported(x, weight, bias, cos, sin, 1, 1e-5)
+    assert "must share one of" in qkv_op.unsupported(x.float(), weight.float(), bias.float(), cos, sin, 1, 1e-5)
+    with pytest.raises(ValueError, match="linear_qk_rms_norm_rope: the tensors must be on one CUDA device"):
+        qkv_op.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 1, 1e-5)
 
 
 # ---- the kernel on the GPU ------------------------------------------------------------------------------------
@@ -199,6 +282,69 @@ def test_kernel_takes_the_blocks_layout_and_bf16():
         assert_one_rounding(out, *exact_and_allowance(x, weight, b))
 
 
+def qkv_exact_and_allowance(x, weight, bias, cos, sin, heads, eps):
+    """q, k, v of the float64 projection (cos and sin rounded to x's dtype as the kernel's table holds them),
+    in the release's order, and per value what the kernel may lose before its one rounding:
+    - the float32 sum over K: about K / 64 + 6 roundings at the scale of sum |x_k w_k| (exact_and_allowance);
+    - through the norm q = t / r, r = sqrt(mean(t^2) + eps): dq_i <= dt_i / r + |t_i| / r^3 * sum_j |t_j| dt_j / D;
+    - the approximate rsqrt and the float32 norm and rotation: 2^-20 of the values they combine;
+    - through the rotation: a rotated dim combines its own and its partner's error, by |cos| and |sin|.
+    """
+    x64, w64, b64 = x.double(), weight.double(), bias.double()
+    cos64, sin64 = cos.to(x.dtype).double(), sin.to(x.dtype).double()
+    exact = qkv_op.linear_qk_rms_norm_rope_reference(x64, w64, b64, cos64, sin64, heads, eps)
+    batch, seq, width = x.shape
+    pre = F.linear(x64, w64, b64).view(batch, seq, heads, 3, -1).transpose(1, 2)
+    slack = (width / 64 + 6) * 2.0**-23 * F.linear(x64.abs(), w64.abs(), b64.abs())
+    slack = slack.view(batch, seq, heads, 3, -1).transpose(1, 2)
+    rotary, half = cos.shape[-1], cos.shape[-1] // 2
+    allowances = []
+    for i in range(2):
+        t, dt = pre[..., i, :], slack[..., i, :]
+        r = (t.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        normed = t / r
+        d = dt / r + t.abs() / r**3 * (t.abs() * dt).mean(-1, keepdim=True) + 2.0**-20 * normed.abs()
+        partner = torch.cat([d[..., half:rotary], d[..., :half], d[..., rotary:]], dim=-1)
+        partner_value = torch.cat([normed[..., half:rotary], normed[..., :half], normed[..., rotary:]], dim=-1)
+        turned = d * cos64.abs() + partner * sin64.abs() + 2.0**-20 * partner_value.abs()
+        allowances.append(torch.cat([turned[..., :rotary], d[..., rotary:]], dim=-1))
+    allowances.append(slack[..., 2, :])
+    return exact, allowances
+
+
+@needs_quack
+@pytest.mark.parametrize(
+    ("batch", "seq", "dtype"), [(2, 1797, torch.float16), (3, 37, torch.float16), (1, 50, torch.bfloat16)]
+)
+def test_qkv_kernel_at_released_width_is_one_rounding_from_exact(batch, seq, dtype):
+    """The released projection (2048 -> 32 heads x [q | k | v] x 64) over two released tiles, a ragged batch
+    and bf16: q and k (put back in the release's order) and v within one rounding of the float64 result, and
+    closer to it on average than the release's fp16 steps."""
+    x, weight, bias, cos, sin = qkv_case(batch, seq, 2048, 32, dtype, "cuda", seq)
+    before = fused.launch_counts()["linear_qk_rms_norm_rope"]
+    q, k, v = qkv_op.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 32, 1e-5)
+    assert fused.launch_counts()["linear_qk_rms_norm_rope"] == before + 1
+    assert q.shape == k.shape == v.shape == (batch, 32, seq, 64) and q.dtype == dtype
+    exact, allowances = qkv_exact_and_allowance(x, weight, bias, cos, sin, 32, 1e-5)
+    got = (release_order(q, 48), release_order(k, 48), v)
+    eager = blocks.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 32, 1e-5)
+    for name, out, want, allowance, release in zip("qkv", got, exact, allowances, eager):
+        assert_one_rounding(out, want, allowance)
+        if name != "v":  # v is the projection alone, one rounding in both
+            assert (out.double() - want).abs().mean() < (release.double() - want).abs().mean(), name
+
+
+@needs_quack
+def test_qkv_kernel_scores_are_the_release_order_scores():
+    """What attention reads: softmax(q k^T) v from the op's q and k (in its own dim order) equals the same
+    from q and k put back in the release's order, to fp16 attention's own noise."""
+    x, weight, bias, cos, sin = qkv_case(2, 300, 2048, 32, torch.float16, "cuda", 4)
+    q, k, v = qkv_op.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 32, 1e-5)
+    ours = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    release = F.scaled_dot_product_attention(release_order(q, 48).float(), release_order(k, 48).float(), v.float())
+    torch.testing.assert_close(ours, release, rtol=0, atol=1e-5)
+
+
 @needs_quack
 def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
     """The whole decode with gemm="quack" against an fp32 eager decode of the same weights: no further from it
@@ -216,6 +362,8 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
     layers = len(decoder.decoder.transformer_blocks)
     assert launches["quack"]["linear_silu_mul"] == launches["cublas"]["silu_mul"] > 0
     assert launches["quack"]["linear_silu_mul"] % layers == 0 and launches["quack"]["silu_mul"] == 0
+    assert launches["quack"]["linear_qk_rms_norm_rope"] == launches["cublas"]["qk_rms_norm_rope"] > 0
+    assert launches["quack"]["qk_rms_norm_rope"] == 0
     errors = {gemm: (out - reference).abs() for gemm, out in outs.items()}
     assert errors["quack"].mean() <= errors["cublas"].mean() * 1.1
     assert errors["quack"].max() <= errors["cublas"].max() * 1.5
@@ -224,10 +372,12 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
 
 @needs_quack
 def test_load_builds_quack_beside_the_weights(layouts):
-    """The set-up thread imports quack and builds its GEMM at load: one launch, none left for the first decode."""
-    before = fused.launch_counts()["linear_silu_mul"]
+    """The set-up thread imports quack and builds its GEMMs at load: one launch each, none left for the first
+    decode."""
+    before = fused.launch_counts()
     H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
-    assert fused.launch_counts()["linear_silu_mul"] == before + 1
+    after = fused.launch_counts()
+    assert {name: after[name] - before[name] for name in fused.QUACK_KERNELS} == dict.fromkeys(fused.QUACK_KERNELS, 1)
 
 
 @needs_quack
@@ -243,6 +393,6 @@ def test_command_with_gemm_quack_writes_what_the_api_decodes(layouts, tmp_path, 
     code = cli.main([str(latents), str(out), "--model", str(layouts["original"]), "--raw-latents", "--gemm", "quack"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "quack's GEMM for w1 and its gate" in err
+    assert "quack's GEMMs for w1 and the attention's projection" in err
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack")
     assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())

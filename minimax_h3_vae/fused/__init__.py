@@ -1,5 +1,6 @@
 """Triton kernels for the decoder's pointwise ops and its float32 output projection, and (gemm="quack")
-quack's GEMM for w1 with the gate in its epilogue.
+quack's GEMMs for w1 with the gate, and for the attention's projection with the QK norm and RoPE, in their
+epilogues.
 
 `select_ops(config, device, dtype, gemm)` builds a model's ops once: for each op, the kernel's launcher when
 the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
@@ -33,14 +34,15 @@ KERNELS = {
     "silu_mul": "silu_mul",
     "linear_fp32": "tf32x3_linear",
 }
-# gemm="quack": the op whose GEMM quack runs -> its module. With cuBLAS that op is torch's linear followed
-# by the silu_mul kernel.
-QUACK_KERNELS = {"linear_silu_mul": "linear_silu_mul"}
+# gemm="quack": the ops whose GEMM quack runs -> their modules. With cuBLAS each is torch's linear followed
+# by the kernel (or eager op) named here.
+QUACK_KERNELS = {"linear_silu_mul": "linear_silu_mul", "linear_qk_rms_norm_rope": "linear_qk_rms_norm_rope"}
+AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rms_norm_rope"}
 
 
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul', 'tf32x3_linear', 'linear_silu_mul' (quack's)."""
+    'silu_mul', 'tf32x3_linear', and quack's 'linear_silu_mul' and 'linear_qk_rms_norm_rope'."""
     return dict(LAUNCHES)
 
 
@@ -72,9 +74,20 @@ def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dty
         "silu_mul": (zeros(1, 2, 2 * c.ffn_dim, dtype=dtype),),
         "linear_fp32": (zeros(1, 2, c.dim), zeros(c.patch_dim, c.dim), zeros(c.patch_dim)),
     }
-    if gemm == "quack":  # w1's full weight (134 MB at the released size): only where quack's GEMM is built
-        w1 = (2 * c.ffn_dim, c.dim)
-        calls["linear_silu_mul"] = (zeros(1, 2, c.dim, dtype=dtype), zeros(*w1, dtype=dtype), zeros(w1[0], dtype=dtype))
+    if gemm == "quack":  # full weights (w1's is 134 MB at the released size): only where quack's GEMMs are built
+        w1, qkv = (2 * c.ffn_dim, c.dim), (3 * c.dim, c.dim)
+        x = zeros(1, 2, c.dim, dtype=dtype)
+        calls["linear_silu_mul"] = (x, zeros(*w1, dtype=dtype), zeros(w1[0], dtype=dtype))
+        # A rotary table as rope builds them (NeoX halves equal), which the launcher checks.
+        calls["linear_qk_rms_norm_rope"] = (
+            x,
+            zeros(*qkv, dtype=dtype),
+            zeros(qkv[0], dtype=dtype),
+            zeros(2, c.rope_dim),
+            zeros(2, c.rope_dim),
+            c.num_heads,
+            c.norm_eps,
+        )
     return calls
 
 
@@ -83,24 +96,26 @@ def warm_up(
 ) -> None:
     """Call each kernel of `ops` once on two zero tokens laid out as the decoder passes them. A process's
     first Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about
-    0.5 s on an H200), and quack's first call builds its GEMM (about 3 s); done here, in a thread beside the
+    0.5 s on an H200), and quack's first call of each GEMM builds it (about 3 s each); done here, in a thread beside the
     weight load, it is off the first decode's path."""
     for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
         getattr(ops, name)(*args)
 
 
 def uses_quack(ops: SimpleNamespace) -> bool:
-    """Whether `ops` (from select_ops) run w1 and its gate on quack's GEMM."""
-    return getattr(ops.linear_silu_mul, "__module__", None) == f"{__name__}.linear_silu_mul"
+    """Whether `ops` (from select_ops) run any GEMM on quack."""
+    modules = {name: getattr(getattr(ops, name), "__module__", None) for name in QUACK_KERNELS}
+    return any(modules[name] == f"{__name__}.{module}" for name, module in QUACK_KERNELS.items())
 
 
-def _after_cublas(silu_mul):
-    """`blocks.linear_silu_mul` with this gate: torch's (cuBLAS) linear, then `silu_mul`."""
+def _after_cublas(name: str, then):
+    """The eager op `name` (blocks.linear_silu_mul or blocks.linear_qk_rms_norm_rope) with `then` after torch's
+    (cuBLAS) linear in place of the eager op it calls."""
 
-    def linear_silu_mul(x, weight, bias):
-        return silu_mul(F.linear(x, weight, bias))
+    def linear_then(x, weight, bias, *args):
+        return then(F.linear(x, weight, bias), *args)
 
-    return linear_silu_mul
+    return linear_then
 
 
 def select_ops(
@@ -108,7 +123,8 @@ def select_ops(
 ) -> SimpleNamespace:
     """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
     can run there, else the eager op (and one warning naming those kernels and why). gemm: "quack" takes
-    quack's gated GEMM for w1 where it runs (this imports quack), "cublas" torch's linear and the gate."""
+    quack's GEMMs for w1 and its gate and for the attention's projection with its QK norm and RoPE where they
+    run (this imports quack); "cublas" torch's linear followed by the gate's and the norm's kernels."""
     kernels = {**KERNELS, **(QUACK_KERNELS if gemm == "quack" else {})}
     ops, left_out = {}, []
     for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
@@ -120,14 +136,15 @@ def select_ops(
             problem = kernel.unsupported(*args)
         if problem is None:
             ops[name] = getattr(kernel, name)
-        elif name in QUACK_KERNELS:  # falls back to torch's linear and the gate, below
-            left_out.append(f"{module} ({problem}; torch's linear and the gate run instead)")
+        elif name in QUACK_KERNELS:  # falls back to torch's linear and the op after it, below
+            left_out.append(f"{module} ({problem}; torch's linear and the {AFTER_CUBLAS[name]} op run instead)")
         else:
             ops[name] = getattr(blocks.EAGER_OPS, name)
             left_out.append(f"{module} ({problem}; the eager op runs instead)")
-    if "linear_silu_mul" not in ops:
-        silu_mul = ops["silu_mul"]
-        ops["linear_silu_mul"] = blocks.linear_silu_mul if silu_mul is blocks.silu_mul else _after_cublas(silu_mul)
+    for name, then in AFTER_CUBLAS.items():
+        if name not in ops:
+            eager = getattr(blocks.EAGER_OPS, then) is ops[then]
+            ops[name] = getattr(blocks.EAGER_OPS, name) if eager else _after_cublas(name, ops[then])
     if left_out:
         warnings.warn(
             f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(left_out)}",

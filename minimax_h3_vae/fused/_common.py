@@ -26,6 +26,7 @@ LAUNCHES = {
     "silu_mul": 0,
     "tf32x3_linear": 0,
     "linear_silu_mul": 0,
+    "linear_qk_rms_norm_rope": 0,
 }
 
 

@@ -18,22 +18,14 @@ H200) and importing quack costs 11-17 s, so the decoder does both at load (`fuse
 from __future__ import annotations
 
 import functools
-import importlib.util
-import logging
 
 import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, count_launch, grad_problem
+from ._quack import ALIGN, import_problem, load, tensors_problem
 
 __all__ = ["linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
-
-DTYPES = (torch.float16, torch.bfloat16)
-# The compute capability the GEMM was measured on (H100, H200), and how to install what it needs.
-HOPPER = (9, 0)
-INSTALL = 'pip install "minimax-h3-vae[hopper]"'
-# TMA loads and stores need 16-byte aligned rows: 8 half-precision elements.
-ALIGN = 8
 
 
 def linear_silu_mul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -45,34 +37,12 @@ def linear_silu_mul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch
 
 
 @functools.cache
-def _quack_gemm_act():
-    """quack's `gemm_act`, imported once.
-
-    quack 0.6.5 keys its compile cache on a fingerprint of everything the epilogue's code refers to, and
-    refuses values it cannot fingerprint. With nvidia-cutlass-dsl 4.7.1 the activation's code reaches the
-    DSL's `logging.Logger`, so every gated build fails with "no fail-closed semantic key". quack's keyer takes
-    any type with `__quack_semantic_key__`; a logger changes no traced math, so its name is its key.
-    """
-    if not hasattr(logging.Logger, "__quack_semantic_key__"):
-        logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
+def _gemm_act():
+    """quack's `gemm_act`, imported once."""
+    load()
     from quack.gemm_interface import gemm_act
 
     return gemm_act
-
-
-def installed() -> bool:
-    """Whether quack-kernels and NVIDIA's CuTe DSL are installed (nothing is imported)."""
-    return importlib.util.find_spec("quack") is not None and importlib.util.find_spec("cutlass") is not None
-
-
-def _import_problem() -> str | None:
-    if not installed():
-        return f"quack-kernels and nvidia-cutlass-dsl are not installed ({INSTALL})"
-    try:
-        _quack_gemm_act()
-    except Exception as error:  # an install that does not import: report it, the caller falls back
-        return f"quack did not import ({type(error).__name__}: {error})"
-    return None
 
 
 def unsupported(x, weight, bias) -> str | None:
@@ -81,13 +51,10 @@ def unsupported(x, weight, bias) -> str | None:
         bias is None or isinstance(bias, torch.Tensor)
     ):
         return "x and weight must be tensors, bias a tensor or None"
-    if x.dtype not in DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        return f"x, weight and bias must share one of {[str(d) for d in DTYPES]}, got {x.dtype}, {weight.dtype}"
     tensors = [t for t in (x, weight, bias) if t is not None]
-    if any(t.device.type != "cuda" for t in tensors) or len({t.device for t in tensors}) != 1:
-        return "the tensors must be on one CUDA device"
-    if torch.cuda.get_device_capability(x.device) != HOPPER:
-        return f"quack's gated GEMM is used on Hopper (compute capability 9.0) only; {x.device} is not one"
+    problem = tensors_problem(tensors)
+    if problem:
+        return problem
     if x.dim() == 0 or weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
         return f"need x (..., K) and weight (2F, K), got {tuple(x.shape)} and {tuple(weight.shape)}"
     if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
@@ -97,9 +64,7 @@ def unsupported(x, weight, bias) -> str | None:
     rows = as_rows(x)
     if rows is None or (rows.shape[0] > 1 and rows.stride(0) % ALIGN) or not weight.is_contiguous():
         return "x must flatten to rows of 16-byte aligned stride and weight must be contiguous"
-    if any(t.data_ptr() % 16 for t in tensors):
-        return "the tensors must start at 16-byte aligned addresses"
-    return grad_problem(tensors) or _import_problem()
+    return grad_problem(tensors) or import_problem()
 
 
 def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -117,7 +82,7 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     half = weight.shape[0] // 2
     out = torch.empty((rows.shape[0], half), dtype=x.dtype, device=x.device)
     if out.numel():
-        _quack_gemm_act()(
+        _gemm_act()(
             rows,
             weight.T,
             bias=bias,

@@ -1,0 +1,66 @@
+"""Where quack's GEMMs run, how to install them, and importing quack. Imports no quack itself.
+
+quack-kernels (Tri Dao's CuTe-DSL kernel library) runs the block GEMMs of gemm="quack" with work in their
+epilogues (linear_silu_mul.py, linear_qk_rms_norm_rope.py). Importing it costs 11-17 s, so this module only
+looks for it until a launcher asks for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+
+# The compute capability the GEMMs were measured on (H100, H200), and how to install what they need.
+HOPPER = (9, 0)
+INSTALL = 'pip install "minimax-h3-vae[hopper]"'
+DTYPES = (torch.float16, torch.bfloat16)
+# TMA loads and stores need 16-byte aligned rows: 8 half-precision elements.
+ALIGN = 8
+
+
+def installed() -> bool:
+    """Whether quack-kernels and NVIDIA's CuTe DSL are installed (nothing is imported)."""
+    return importlib.util.find_spec("quack") is not None and importlib.util.find_spec("cutlass") is not None
+
+
+@functools.cache
+def load() -> None:
+    """Import quack once.
+
+    quack 0.6.5 keys its compile cache on a fingerprint of everything an epilogue's code refers to, and
+    refuses values it cannot fingerprint. With nvidia-cutlass-dsl 4.7.1 the activation's code reaches the
+    DSL's `logging.Logger`, so every gated build fails with "no fail-closed semantic key". quack's keyer takes
+    any type with `__quack_semantic_key__`; a logger changes no traced math, so its name is its key.
+    """
+    if not hasattr(logging.Logger, "__quack_semantic_key__"):
+        logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
+    importlib.import_module("quack.gemm_interface")
+    importlib.import_module("quack.epilogue.frontend")
+
+
+def import_problem() -> str | None:
+    """Why quack cannot be used here, or None once it is imported."""
+    if not installed():
+        return f"quack-kernels and nvidia-cutlass-dsl are not installed ({INSTALL})"
+    try:
+        load()
+    except Exception as error:  # an install that does not import: report it, the caller falls back
+        return f"quack did not import ({type(error).__name__}: {error})"
+    return None
+
+
+def tensors_problem(tensors: list[torch.Tensor]) -> str | None:
+    """Why these GEMM operands cannot go to quack (dtype, device, alignment), or None. Imports nothing."""
+    if any(t.dtype != tensors[0].dtype for t in tensors) or tensors[0].dtype not in DTYPES:
+        got = sorted({str(t.dtype) for t in tensors})
+        return f"the tensors must share one of {[str(d) for d in DTYPES]}, got {got}"
+    if any(t.device.type != "cuda" for t in tensors) or len({t.device for t in tensors}) != 1:
+        return "the tensors must be on one CUDA device"
+    if torch.cuda.get_device_capability(tensors[0].device) != HOPPER:
+        return f"quack's GEMMs are used on Hopper (compute capability 9.0) only; {tensors[0].device} is not one"
+    if any(t.data_ptr() % 16 for t in tensors):
+        return "the tensors must start at 16-byte aligned addresses"
+    return None
