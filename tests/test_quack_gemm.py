@@ -210,6 +210,20 @@ def test_qkv_rotation_table_takes_neox_tables_only():
         qkv_op._table(cos, sin, 1, 64, torch.float16)
 
 
+def test_qkv_rotation_table_is_kept_per_table_and_rebuilt_after_a_change():
+    """One table per rotary table and batch (the decoder's tables live across calls, inference tensors
+    included); writing into cos builds a new one."""
+    _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
+    first = qkv_op._table(cos, sin, 2, 64, torch.float16)
+    assert qkv_op._table(cos, sin, 2, 64, torch.float16) is first
+    assert qkv_op._table(cos, sin, 3, 64, torch.float16).shape == (12, 192)
+    cos.mul_(0.5)
+    assert not torch.equal(qkv_op._table(cos, sin, 2, 64, torch.float16), first)
+    with torch.inference_mode():
+        _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
+    assert qkv_op._table(cos, sin, 2, 64, torch.float16) is qkv_op._table(cos, sin, 2, 64, torch.float16)
+
+
 def test_qkv_contract_is_checked_before_quack_is_touched():
     x, weight, bias, cos, sin = qkv_case(1, 4, 16, 1, torch.float16, "cpu", 2)
     assert "CUDA device" in qkv_op.unsupported(x, weight, bias, cos, sin, 1, 1e-5)
@@ -304,10 +318,11 @@ def qkv_exact_and_allowance(x, weight, bias, cos, sin, heads, eps):
         r = (t.pow(2).mean(-1, keepdim=True) + eps).sqrt()
         normed = t / r
         d = dt / r + t.abs() / r**3 * (t.abs() * dt).mean(-1, keepdim=True) + 2.0**-20 * normed.abs()
-        partner = torch.cat([d[..., half:rotary], d[..., :half], d[..., rotary:]], dim=-1)
-        partner_value = torch.cat([normed[..., half:rotary], normed[..., :half], normed[..., rotary:]], dim=-1)
-        turned = d * cos64.abs() + partner * sin64.abs() + 2.0**-20 * partner_value.abs()
-        allowances.append(torch.cat([turned[..., :rotary], d[..., rotary:]], dim=-1))
+        partner = torch.cat([d[..., half:rotary], d[..., :half]], dim=-1)
+        partner_value = torch.cat([normed[..., half:rotary], normed[..., :half]], dim=-1)
+        own = d[..., :rotary]
+        turned = own * cos64.abs() + partner * sin64.abs() + 2.0**-20 * partner_value.abs()
+        allowances.append(torch.cat([turned, d[..., rotary:]], dim=-1))
     allowances.append(slack[..., 2, :])
     return exact, allowances
 

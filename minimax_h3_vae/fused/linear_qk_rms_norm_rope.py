@@ -135,13 +135,20 @@ _TABLES: dict[tuple, tuple] = {}
 _KEPT_TABLES = 4
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """t's in-place write counter; None for an inference tensor (it has none, and can only be written inside
+    inference mode, where the decoder never writes its rotary tables)."""
+    return None if t.is_inference() else t._version
+
+
 def _table(cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
     """(batch * S, 3 * head_dim) in `dtype`: per row and adjacent column pair (2j, 2j + 1) of a head's
     [q | k | v], (cos, sin) of the rotation, (1, 0) where nothing rotates. Checks the NeoX halves once per
     table (one synchronisation)."""
     key = (id(cos), id(sin), batch, dtype)
+    versions = (_version(cos), _version(sin))
     hit = _TABLES.get(key)
-    if hit and hit[0]() is cos and hit[1]() is sin and hit[2] == (cos._version, sin._version):
+    if hit and hit[0]() is cos and hit[1]() is sin and hit[2] == versions:
         return hit[3]
     seq, rotary = cos.shape
     half = rotary // 2
@@ -154,7 +161,7 @@ def _table(cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtyp
     table = pairs.view(seq, 3 * head_dim).repeat(batch, 1)
     if len(_TABLES) >= _KEPT_TABLES:
         _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[key] = (weakref.ref(cos), weakref.ref(sin), (cos._version, sin._version), table)
+    _TABLES[key] = (weakref.ref(cos), weakref.ref(sin), versions, table)
     return table
 
 
