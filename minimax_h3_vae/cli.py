@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("auto", "cublas", "quack"),
         default="cublas",
         help="block GEMMs of the fused fp16 path: cublas (default: importing quack takes 11-17 s, more than it "
-        "saves on one clip), quack (Hopper, the hopper extra; ~4%% faster per unit) or auto (quack where it runs)",
+        "saves on one clip), quack (Hopper, the hopper extra; ~5%% faster per unit) or auto (quack where it runs)",
     )
     parser.add_argument(
         "--offload",
