@@ -1,115 +1,131 @@
-"""Probe (device only, not part of the suite): quack's gated GEMM on the decoder's w1 shape."""
+"""Probe (device only, not part of the suite): the residual add and the norm after it in quack's epilogue.
+
+    PYTHONPATH=. python benchmarks/quack_probe.py
+
+What the fused path does after to_out and w2 today: cuBLAS writes the fp16 branch y, then the Triton
+`scale_add_rms_norm` reads the float32 residual and y, writes the residual back and the next block's fp16
+normalised input (14 bytes per element with the GEMM's store). The candidate (a "deferred rstd" epilogue):
+the GEMM reads the residual as its C operand and writes, per element, the new residual (float32) and
+`fp16(residual * norm_weight * prev)` (prev: the row's rstd from the norm before, which keeps the values near
+1 so fp16 cannot overflow), plus per-row partial sums of squares (10 bytes per element); the next GEMM then
+scales its accumulator rows by rstd / prev. This times both at M = 28 tiles x 1797 tokens for to_out
+(2048 -> 2048) and w2 (8192 -> 2048), checks the candidate against float64, and prints a table last.
+"""
 
 from __future__ import annotations
 
-import logging
-import subprocess
 import sys
 import time
-import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-for i in range(2):
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", "import quack.gemm_interface"], capture_output=True, text=True)
-    print(f"fresh import #{i}: {time.perf_counter() - t:.2f} s rc={r.returncode} {r.stderr[-300:]}")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-t = time.perf_counter()
-import quack  # noqa: E402
-from quack import gemm_interface as gi  # noqa: E402
+from common import run_info, timed  # noqa: E402
 
-print(f"import in process: {time.perf_counter() - t:.2f} s, quack {getattr(quack, '__version__', '?')}")
-import cutlass  # noqa: E402
+from minimax_h3_vae.fused import _quack  # noqa: E402
+from minimax_h3_vae.fused.scale_add_rms_norm import scale_add_rms_norm  # noqa: E402
 
-print("cutlass", getattr(cutlass, "__version__", "?"))
-
-if len(sys.argv) > 1 and sys.argv[1] == "key":
-    logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
-    print("Logger key set")
-
-torch.manual_seed(0)
-dev = "cuda"
-M, K, N = 28 * 1797, 2048, 16384
-x = torch.randn(M, K, device=dev, dtype=torch.float16)
-w = (torch.randn(N, K, device=dev) / K**0.5).half()
-b = (torch.randn(N, device=dev) * 0.1).half()
+EPS = 1e-5
 
 
-def ref32(x, w, b):
-    h = F.linear(x.float(), w.float(), b.float())
-    g, v = h.chunk(2, -1)
-    return (F.silu(g) * v).half()
+def build():
+    _quack.load()
+    from quack.epilogue.frontend import gemm_epilogue
+    from quack.epilogue.ops import ColVecLoad, ColVecReduce, RowVecLoad
+
+    @gemm_epilogue(
+        outputs=("resid",),
+        ops={
+            "bias": RowVecLoad("bias"),
+            "scale": RowVecLoad("scale"),
+            "weight": RowVecLoad("weight"),
+            "prev": ColVecLoad("prev"),
+        },
+        reduces={"sqsum": ColVecReduce("sqsum", scaled=True)},
+    )
+    def scale_add_deferred_norm(acc, c, bias, scale, weight, prev):
+        y = c + (acc + bias) * scale
+        return {"D": y * weight * prev, "resid": y, "sqsum": (y, y)}
+
+    return scale_add_deferred_norm
 
 
-def timeit(fn, n=10):
-    for _ in range(3):
-        fn()
+def probe(epilogue, name, k, residual, scale, norm_w, prev, g):
+    """Time today's pair of ops against the candidate for one GEMM (K = k), and check the candidate."""
+    rows, dim = residual.shape
+    a = torch.randn(rows, k, device=residual.device, generator=g).half()
+    w = (torch.randn(dim, k, device=residual.device, generator=g) / k**0.5).half()
+    b = (0.02 * torch.randn(dim, device=residual.device, generator=g)).half()
+    d16 = torch.empty(rows, dim, device=residual.device, dtype=torch.float16)
+    resid_out = torch.empty(rows, dim, device=residual.device)
+
+    def candidate():
+        out = epilogue(
+            a,
+            w.T,
+            residual,
+            out={"D": d16, "resid": resid_out},
+            tuned=False,
+            bias=b,
+            scale=scale,
+            weight=norm_w,
+            prev=prev.view(1, -1),
+        )
+        rstd = torch.rsqrt(out["sqsum"].view(-1) / dim + EPS)
+        return rstd / prev
+
+    def today():
+        r = residual.clone()  # the op writes in place; the clone is timed separately and subtracted
+        return scale_add_rms_norm(r, F.linear(a, w, b), scale, norm_w, EPS, torch.float16)
+
+    t0 = time.perf_counter()
+    ratio = candidate()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
+    build_s = time.perf_counter() - t0
+    # Against float64: the new residual, and the normalised input the next GEMM effectively sees.
+    y64 = residual.double() + F.linear(a.double(), w.double(), b.double()) * scale.double()
+    normed64 = F.rms_norm(y64, (dim,), norm_w.double(), EPS)
+    resid_err = (resid_out.double() - y64).abs().max().item()
+    seen = d16.double() * ratio.double()[:, None]
+    normed_err = ((seen - normed64).abs() / normed64.abs().clamp_min(1e-3)).max().item()
+    _, today_normed = today()
+    today_err = ((today_normed.double() - normed64).abs() / normed64.abs().clamp_min(1e-3)).max().item()
+    clone_ms = min(timed(residual.clone, 10).ms for _ in range(2))
+    ms = {"today": [], "candidate": []}
+    for _ in range(2):
+        ms["today"].append(round(timed(today, 10).ms - clone_ms, 3))
+        ms["candidate"].append(round(timed(candidate, 10).ms, 3))
+    return name, ms, build_s, resid_err, normed_err, today_err
 
 
-ref = ref32(x, w, b)
-results = {}
+def main() -> None:
+    cuda = torch.device("cuda")
+    start = time.perf_counter()
+    epilogue = build()
+    import_s = time.perf_counter() - start
+    run_info("probe")
+    g = torch.Generator(device=cuda).manual_seed(0)
+    rows, dim = 28 * 1797, 2048
+    residual = 3 * torch.randn(rows, dim, device=cuda, generator=g)
+    scale = 0.1 * torch.randn(dim, device=cuda, generator=g)
+    norm_w = 1 + 0.1 * torch.randn(dim, device=cuda, generator=g)
+    prev = torch.rsqrt(residual.pow(2).mean(-1) + EPS) * (1 + 0.05 * torch.rand(rows, device=cuda, generator=g))
+    table = [probe(epilogue, name, k, residual, scale, norm_w, prev, g) for name, k in (("to_out", 2048), ("w2", 8192))]
+    print(f"\nquack import {import_s:.1f} s")
+    print(
+        "| GEMM | today: cuBLAS + scale_add_rms_norm, ms | candidate epilogue + rstd, ms | build s | "
+        "residual max abs err | normed max rel err (candidate / today) |"
+    )
+    print("| --- | --- | --- | ---: | ---: | --- |")
+    for name, ms, build_s, resid_err, normed_err, today_err in table:
+        print(
+            f"| {name} | {ms['today']} | {ms['candidate']} | {build_s:.1f} | {resid_err:.2e} | "
+            f"{normed_err:.2e} / {today_err:.2e} |"
+        )
 
 
-def attempt(name, fn):
-    try:
-        t = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t
-        err = (out.float() - ref.float()).abs()
-        ms = timeit(fn)
-        results[name] = (first, ms, err.max().item(), err.mean().item())
-        print(f"{name}: first {first:.2f} s, {ms:.3f} ms, max {err.max().item():.3e} mean {err.mean().item():.3e}")
-    except Exception as exc:  # noqa: BLE001
-        print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:600]}")
-        traceback.print_exc(limit=-3)
-
-
-from minimax_h3_vae.fused.silu_mul import silu_mul  # noqa: E402
-
-attempt("cublas+silu_mul", lambda: silu_mul(F.linear(x, w, b)))
-attempt(
-    "concat2d",
-    lambda: gi.gemm_act(
-        x, w.T, bias=b, activation="swiglu", store_preact=False, tuned=False, concat_layout=("B", "bias")
-    )[1],
-)
-attempt(
-    "concat3d",
-    lambda: gi.gemm_act(
-        x[None],
-        w.T[None],
-        bias=b[None],
-        activation="swiglu",
-        store_preact=False,
-        tuned=False,
-        concat_layout=("B", "bias"),
-    )[1][0],
-)
-wi = w.view(2, N // 2, K).transpose(0, 1).reshape(N, K)  # rows gate0, value0, gate1, ...
-bi = b.view(2, N // 2).t().reshape(N)
-attempt("interleaved", lambda: gi.gemm_act(x, wi.T, bias=bi, activation="swiglu", store_preact=False, tuned=False)[1])
-
-# New M values: compile per M?
-for m in (4 * 1797, 3 * 1797 + 17, 1797):
-    try:
-        t = time.perf_counter()
-        gi.gemm_act(x[:m], wi.T, bias=bi, activation="swiglu", store_preact=False, tuned=False)
-        torch.cuda.synchronize()
-        print(f"interleaved M={m}: first {time.perf_counter() - t:.3f} s")
-    except Exception as exc:  # noqa: BLE001
-        print(f"M={m} FAILED {exc!s:.300}")
-print("done")
+if __name__ == "__main__":
+    main()
