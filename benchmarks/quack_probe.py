@@ -53,8 +53,9 @@ def build():
     return scale_add_deferred_norm
 
 
-def probe(epilogue, name, k, residual, scale, norm_w, prev, g):
-    """Time today's pair of ops against the candidate for one GEMM (K = k), and check the candidate."""
+def probe(epilogue, name, k, residual, scale, norm_w, prev, g, config=None):
+    """Time today's pair of ops against the candidate for one GEMM (K = k) with quack's `config` (None: its
+    default), and check the candidate."""
     rows, dim = residual.shape
     a = torch.randn(rows, k, device=residual.device, generator=g).half()
     w = (torch.randn(dim, k, device=residual.device, generator=g) / k**0.5).half()
@@ -113,7 +114,27 @@ def main() -> None:
     scale = 0.1 * torch.randn(dim, device=cuda, generator=g)
     norm_w = 1 + 0.1 * torch.randn(dim, device=cuda, generator=g)
     prev = torch.rsqrt(residual.pow(2).mean(-1) + EPS) * (1 + 0.05 * torch.rand(rows, device=cuda, generator=g))
-    table = [probe(epilogue, name, k, residual, scale, norm_w, prev, g) for name, k in (("to_out", 2048), ("w2", 8192))]
+    from quack.gemm_config import GemmConfig
+
+    configs = {
+        "default 128x192 c2x1 pingpong": None,
+        "128x256 c1x1 coop": GemmConfig(
+            tile_m=128, tile_n=256, cluster_m=1, pingpong=False, is_dynamic_persistent=False
+        ),
+        "256x128 c2x1 coop": GemmConfig(
+            tile_m=256, tile_n=128, cluster_m=2, pingpong=False, is_dynamic_persistent=False
+        ),
+        "128x128 c2x1 pingpong": GemmConfig(
+            tile_m=128, tile_n=128, cluster_m=2, pingpong=True, is_dynamic_persistent=False
+        ),
+    }
+    table = []
+    for label, config in configs.items():
+        for name, k in (("to_out", 2048), ("w2", 8192)):
+            try:
+                table.append(probe(epilogue, f"{name}, {label}", k, residual, scale, norm_w, prev, g, config))
+            except Exception as error:  # a config quack refuses: say so, go on
+                print(f"{name}, {label}: {type(error).__name__}: {str(error)[:300]}")
     print(f"\nquack import {import_s:.1f} s")
     print(
         "| GEMM | today: cuBLAS + scale_add_rms_norm, ms | candidate epilogue + rstd, ms | build s | "
