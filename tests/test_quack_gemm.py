@@ -222,6 +222,9 @@ def test_qkv_rotation_table_is_kept_per_table_and_rebuilt_after_a_change():
     with torch.inference_mode():
         _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
     assert qkv_op._table(cos, sin, 2, 64, torch.float16) is qkv_op._table(cos, sin, 2, 64, torch.float16)
+    kept = len(qkv_op._TABLES)
+    del cos, sin
+    assert len(qkv_op._TABLES) == kept - 1, "freed with its rotary table"
 
 
 def test_qkv_contract_is_checked_before_quack_is_touched():

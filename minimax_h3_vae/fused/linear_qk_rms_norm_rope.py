@@ -130,7 +130,7 @@ def _layout(num_heads: int, head_dim: int, rotary: int, device: torch.device):
 
 
 # The rotation tables in use: (id(cos), id(sin), batch, dtype) -> (cos, sin weak references, their versions,
-# the table). A table is reused only while both tensors live unchanged.
+# the table). A table is reused only while both tensors live unchanged, and dropped when cos is freed.
 _TABLES: dict[tuple, tuple] = {}
 _KEPT_TABLES = 4
 
@@ -162,6 +162,8 @@ def _table(cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtyp
     if len(_TABLES) >= _KEPT_TABLES:
         _TABLES.pop(next(iter(_TABLES)))
     _TABLES[key] = (weakref.ref(cos), weakref.ref(sin), versions, table)
+    # The table's memory goes with the rotary table it was built from (a decoder freed frees both).
+    weakref.finalize(cos, _TABLES.pop, key, None)
     return table
 
 
