@@ -1,6 +1,7 @@
-"""Probe (device only, not part of the suite): the residual add and the norm after it in quack's epilogue.
+"""Probe (device only, not part of the suite): the residual add and the norm after it in quack's epilogue,
+and tile configs for the attention projection's epilogue (fused/linear_qk_rms_norm_rope.py).
 
-    PYTHONPATH=. python benchmarks/quack_probe.py
+    PYTHONPATH=. python benchmarks/quack_probe.py [residual|qkv]
 
 What the fused path does after to_out and w2 today: cuBLAS writes the fp16 branch y, then the Triton
 `scale_add_rms_norm` reads the float32 residual and y, writes the residual back and the next block's fp16
@@ -102,8 +103,83 @@ def probe(epilogue, name, k, residual, scale, norm_w, prev, g, config=None):
     return name, ms, build_s, resid_err, normed_err, today_err
 
 
+def qkv_configs(cuda: torch.device) -> None:
+    """The projection + QK norm + RoPE op at M = 28 x 1797 with quack tile configs whose N tile is 192 (one
+    head's q, k, v), against cuBLAS + the Triton kernel, alternating; and each config's output against the
+    default's."""
+    from quack.gemm_config import GemmConfig
+
+    from minimax_h3_vae.fused import linear_qk_rms_norm_rope as op
+    from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope
+    from minimax_h3_vae.rope import rotary_table, token_positions
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    x = torch.randn(28, 1797, 2048, device=cuda, generator=g).half()
+    w = (0.02 * torch.randn(6144, 2048, device=cuda, generator=g)).half()
+    b = (0.02 * torch.randn(6144, device=cuda, generator=g)).half()
+    table = rotary_table(token_positions(7, 16, 16, 5, device=cuda), 48, 100.0)
+    rows, normed, kept = op._layout(32, 64, 48, cuda)
+    cs = op._table(table.cos, table.sin, 28, 64, torch.float16)
+    w_rows, b_rows = w.index_select(0, rows), b.index_select(0, rows)
+    out = torch.empty(28 * 1797, 6144, device=cuda, dtype=torch.float16)
+    epilogue = op._epilogue(EPS)
+
+    def run(config):
+        epilogue(
+            x.view(-1, 2048),
+            w_rows.T,
+            out={"D": out},
+            config=config,
+            tuned=False,
+            bias=b_rows,
+            rstd=64,
+            normed=normed,
+            kept=kept,
+            table=cs,
+        )
+        return out
+
+    configs = {
+        "128x192 c2x1 pingpong (op's)": op._config(),
+        "128x192 c1x1 pingpong": GemmConfig(
+            tile_m=128, tile_n=192, cluster_m=1, pingpong=True, is_dynamic_persistent=False
+        ),
+        "128x192 c1x2 pingpong": GemmConfig(
+            tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False
+        ),
+        "256x192 c1x1 coop": GemmConfig(
+            tile_m=256, tile_n=192, cluster_m=1, pingpong=False, is_dynamic_persistent=False
+        ),
+        "256x192 c2x1 coop": GemmConfig(
+            tile_m=256, tile_n=192, cluster_m=2, pingpong=False, is_dynamic_persistent=False
+        ),
+        "192x192 c1x1 pingpong": GemmConfig(
+            tile_m=192, tile_n=192, cluster_m=1, pingpong=True, is_dynamic_persistent=False
+        ),
+    }
+    reference = run(configs["128x192 c2x1 pingpong (op's)"]).clone()
+    cublas = lambda: qk_rms_norm_rope(F.linear(x, w, b), table.cos, table.sin, 32, EPS)  # noqa: E731
+    rows_out = []
+    for label, config in configs.items():
+        try:
+            diff = (run(config).float() - reference.float()).abs().max().item()
+            ms = [(round(timed(cublas, 10).ms, 3), round(timed(lambda c=config: run(c), 10).ms, 3)) for _ in range(2)]
+            rows_out.append((label, ms, diff))
+        except Exception as error:  # a config quack refuses: say so, go on
+            print(f"{label}: {type(error).__name__}: {str(error)[:300]}")
+    print("\n| qkv config | (cuBLAS + Triton, quack) ms, twice | max abs diff vs the op's config |")
+    print("| --- | --- | ---: |")
+    for label, ms, diff in rows_out:
+        print(f"| {label} | {ms} | {diff:.2e} |")
+
+
 def main() -> None:
     cuda = torch.device("cuda")
+    if sys.argv[1:] == ["qkv"]:
+        _quack.load()
+        run_info("probe")
+        qkv_configs(cuda)
+        return
     start = time.perf_counter()
     epilogue = build()
     import_s = time.perf_counter() - start
