@@ -1,7 +1,8 @@
 """Probe (device only, not part of the suite): the residual add and the norm after it in quack's epilogue,
-and tile configs for the attention projection's epilogue (fused/linear_qk_rms_norm_rope.py).
+and tile configs for the attention projection's epilogue (fused/linear_qk_rms_norm_rope.py) and for w1's gated
+GEMM (fused/linear_silu_mul.py).
 
-    PYTHONPATH=. python benchmarks/quack_probe.py [residual|qkv]
+    PYTHONPATH=. python benchmarks/quack_probe.py [residual|qkv|w1]
 
 What the fused path does after to_out and w2 today: cuBLAS writes the fp16 branch y, then the Triton
 `scale_add_rms_norm` reads the float32 residual and y, writes the residual back and the next block's fp16
@@ -173,8 +174,71 @@ def qkv_configs(cuda: torch.device) -> None:
         print(f"| {label} | {ms} | {diff:.2e} |")
 
 
+def w1_configs(cuda: torch.device) -> None:
+    """w1 + gate (quack's gemm_act, as fused/linear_silu_mul.py calls it) at M = 28 x 1797 with tile configs,
+    against cuBLAS + the Triton gate, alternating; each config's output against quack's default's."""
+    from quack.gemm_config import GemmConfig
+    from quack.gemm_interface import gemm_act
+
+    from minimax_h3_vae.fused.silu_mul import silu_mul
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    x = torch.randn(28 * 1797, 2048, device=cuda, generator=g).half()
+    w = (0.02 * torch.randn(16384, 2048, device=cuda, generator=g)).half()
+    b = (0.02 * torch.randn(16384, device=cuda, generator=g)).half()
+    out = torch.empty(28 * 1797, 8192, device=cuda, dtype=torch.float16)
+
+    def run(config):
+        gemm_act(
+            x,
+            w.T,
+            bias=b,
+            activation="swiglu",
+            postact_out=out,
+            store_preact=False,
+            tuned=False,
+            config=config,
+            concat_layout=("B", "bias"),
+        )
+        return out
+
+    def cfg(m, n, cm, cn, pingpong):
+        return GemmConfig(
+            tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, pingpong=pingpong, is_dynamic_persistent=False
+        )
+
+    configs = {
+        "default (128x192 c2x1 pingpong)": None,
+        "128x192 c1x2 pingpong": cfg(128, 192, 1, 2, True),
+        "128x256 c2x1 pingpong": cfg(128, 256, 2, 1, True),
+        "128x256 c1x1 coop": cfg(128, 256, 1, 1, False),
+        "256x128 c2x1 coop": cfg(256, 128, 2, 1, False),
+        "256x192 c2x1 coop": cfg(256, 192, 2, 1, False),
+        "128x128 c2x1 pingpong": cfg(128, 128, 2, 1, True),
+    }
+    reference = run(None).clone()
+    cublas = lambda: silu_mul(F.linear(x, w, b))  # noqa: E731
+    rows_out = []
+    for label, config in configs.items():
+        try:
+            diff = (run(config).float() - reference.float()).abs().max().item()
+            ms = [(round(timed(cublas, 10).ms, 3), round(timed(lambda c=config: run(c), 10).ms, 3)) for _ in range(2)]
+            rows_out.append((label, ms, diff))
+        except Exception as error:  # a config quack refuses: say so, go on
+            print(f"{label}: {type(error).__name__}: {str(error)[:300]}")
+    print("\n| w1 config | (cuBLAS + Triton, quack) ms, twice | max abs diff vs quack's default |")
+    print("| --- | --- | ---: |")
+    for label, ms, diff in rows_out:
+        print(f"| {label} | {ms} | {diff:.2e} |")
+
+
 def main() -> None:
     cuda = torch.device("cuda")
+    if sys.argv[1:] == ["w1"]:
+        _quack.load()
+        run_info("probe")
+        w1_configs(cuda)
+        return
     if sys.argv[1:] == ["qkv"]:
         _quack.load()
         run_info("probe")
