@@ -35,12 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, count_launch, grad_problem, is_number
-from ._quack import ALIGN, import_problem, tensors_problem
+from ._quack import ALIGN, TILE_N, gemm_config, import_problem, tensors_problem
 
 __all__ = ["linear_qk_rms_norm_rope", "linear_qk_rms_norm_rope_reference", "pair_order", "unsupported"]
-
-# quack's Hopper GEMM tile is 128 x 192: one head's [q | k | v] at the released head_dim, 64.
-TILE_N = 192
 
 
 def pair_order(head_dim: int, rotary: int) -> torch.Tensor:
@@ -73,15 +70,6 @@ def linear_qk_rms_norm_rope_reference(x, weight, bias, cos, sin, num_heads: int,
         return torch.cat([t[..., :rotary] * cos + rotated * sin, t[..., rotary:]], dim=-1)
 
     return norm_rope(q).to(x.dtype), norm_rope(k).to(x.dtype), v.to(x.dtype)
-
-
-@functools.cache
-def _config():
-    """quack's Hopper tile, pinned (the epilogue relies on its 192 columns), in clusters of two along N: 3% faster
-    than quack's default clusters along M here, and the same bits (benchmarks/RESULTS.md, run 19)."""
-    from quack.gemm_config import GemmConfig
-
-    return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)
 
 
 @functools.cache
@@ -231,7 +219,7 @@ def linear_qk_rms_norm_rope(
             as_rows(x),
             weight.index_select(0, rows).T,
             out={"D": out.view(batch * seq, -1)},
-            config=_config(),
+            config=gemm_config(),
             tuned=False,
             bias=bias.index_select(0, rows),
             rstd=head_dim,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, count_launch, grad_problem
-from ._quack import ALIGN, import_problem, load, tensors_problem
+from ._quack import ALIGN, gemm_config, import_problem, load, tensors_problem
 
 __all__ = ["linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
@@ -90,6 +90,7 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             postact_out=out,
             store_preact=False,
             tuned=False,
+            config=gemm_config(),
             concat_layout=("B", "bias") if bias is not None else ("B",),
         )
         count_launch("linear_silu_mul")
