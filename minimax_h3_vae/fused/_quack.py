@@ -46,8 +46,9 @@ def load() -> None:
 @functools.cache
 def gemm_config():
     """The tile both GEMMs run with: quack's Hopper default (128 x 192, pingpong) in clusters of two along N
-    instead of M, 3-9% faster on the decoder's GEMMs and the same bits (benchmarks/RESULTS.md, runs 19-20).
-    linear_qk_rms_norm_rope relies on the 192 columns (TILE_N)."""
+    instead of M. Alone, each GEMM was 2-9% faster so in a probe, with the same bits; in a whole decode the
+    difference was within run-to-run noise (benchmarks/RESULTS.md, runs 19-20). linear_qk_rms_norm_rope
+    relies on the 192 columns (TILE_N)."""
     from quack.gemm_config import GemmConfig
 
     return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)
