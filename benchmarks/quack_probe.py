@@ -34,7 +34,7 @@ EPS = 1e-5
 
 
 def build():
-    _quack.load()
+    """The candidate epilogue (quack must be loaded)."""
     from quack.epilogue.frontend import gemm_epilogue
     from quack.epilogue.ops import ColVecLoad, ColVecReduce, RowVecLoad
 
@@ -104,12 +104,36 @@ def probe(epilogue, name, k, residual, scale, norm_w, prev, g, config=None):
     return name, ms, build_s, resid_err, normed_err, today_err
 
 
-def qkv_configs(cuda: torch.device) -> None:
-    """The projection + QK norm + RoPE op at M = 28 x 1797 with quack tile configs whose N tile is 192 (one
-    head's q, k, v), against cuBLAS + the Triton kernel, alternating; and each config's output against the
-    default's."""
+def tile(m: int, n: int, cluster_m: int, cluster_n: int, pingpong: bool):
+    """A quack GemmConfig with an m x n tile, clusters of cluster_m x cluster_n, pingpong or cooperative."""
     from quack.gemm_config import GemmConfig
 
+    return GemmConfig(
+        tile_m=m, tile_n=n, cluster_m=cluster_m, cluster_n=cluster_n, pingpong=pingpong, is_dynamic_persistent=False
+    )
+
+
+def sweep(title: str, cublas, run, configs: dict) -> None:
+    """Time run(config) for each config (None: quack's default), twice, each time after cuBLAS + the Triton
+    op it replaces, median of 10; compare each config's output with the first one's; print a table."""
+    reference = run(next(iter(configs.values()))).clone()
+    rows_out = []
+    for label, config in configs.items():
+        try:
+            diff = (run(config).float() - reference.float()).abs().max().item()
+            ms = [(round(timed(cublas, 10).ms, 3), round(timed(lambda c=config: run(c), 10).ms, 3)) for _ in range(2)]
+            rows_out.append((label, ms, diff))
+        except Exception as error:  # a config quack refuses: say so, go on
+            print(f"{label}: {type(error).__name__}: {str(error)[:300]}")
+    print(f"\n| {title} config | (cuBLAS + Triton, quack) ms, twice | max abs diff vs {next(iter(configs))} |")
+    print("| --- | --- | ---: |")
+    for label, ms, diff in rows_out:
+        print(f"| {label} | {ms} | {diff:.2e} |")
+
+
+def qkv_configs(cuda: torch.device) -> None:
+    """The projection + QK norm + RoPE op at M = 28 x 1797 with quack tile configs whose N tile is 192 (one
+    head's q, k, v), against cuBLAS + the Triton kernel."""
     from minimax_h3_vae.fused import linear_qk_rms_norm_rope as op
     from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope
     from minimax_h3_vae.rope import rotary_table, token_positions
@@ -141,45 +165,19 @@ def qkv_configs(cuda: torch.device) -> None:
         return out
 
     configs = {
-        "128x192 c2x1 pingpong": GemmConfig(
-            tile_m=128, tile_n=192, cluster_m=2, pingpong=True, is_dynamic_persistent=False
-        ),
-        "128x192 c1x1 pingpong": GemmConfig(
-            tile_m=128, tile_n=192, cluster_m=1, pingpong=True, is_dynamic_persistent=False
-        ),
-        "128x192 c1x2 pingpong": GemmConfig(
-            tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False
-        ),
-        "256x192 c1x1 coop": GemmConfig(
-            tile_m=256, tile_n=192, cluster_m=1, pingpong=False, is_dynamic_persistent=False
-        ),
-        "256x192 c2x1 coop": GemmConfig(
-            tile_m=256, tile_n=192, cluster_m=2, pingpong=False, is_dynamic_persistent=False
-        ),
-        "192x192 c1x1 pingpong": GemmConfig(
-            tile_m=192, tile_n=192, cluster_m=1, pingpong=True, is_dynamic_persistent=False
-        ),
+        "128x192 c2x1 pingpong": tile(128, 192, 2, 1, True),
+        "128x192 c1x1 pingpong": tile(128, 192, 1, 1, True),
+        "128x192 c1x2 pingpong": tile(128, 192, 1, 2, True),
+        "256x192 c1x1 coop": tile(256, 192, 1, 1, False),
+        "256x192 c2x1 coop": tile(256, 192, 2, 1, False),
+        "192x192 c1x1 pingpong": tile(192, 192, 1, 1, True),
     }
-    reference = run(configs["128x192 c2x1 pingpong"]).clone()
-    cublas = lambda: qk_rms_norm_rope(F.linear(x, w, b), table.cos, table.sin, 32, EPS)  # noqa: E731
-    rows_out = []
-    for label, config in configs.items():
-        try:
-            diff = (run(config).float() - reference.float()).abs().max().item()
-            ms = [(round(timed(cublas, 10).ms, 3), round(timed(lambda c=config: run(c), 10).ms, 3)) for _ in range(2)]
-            rows_out.append((label, ms, diff))
-        except Exception as error:  # a config quack refuses: say so, go on
-            print(f"{label}: {type(error).__name__}: {str(error)[:300]}")
-    print("\n| qkv config | (cuBLAS + Triton, quack) ms, twice | max abs diff vs 128x192 c2x1 |")
-    print("| --- | --- | ---: |")
-    for label, ms, diff in rows_out:
-        print(f"| {label} | {ms} | {diff:.2e} |")
+    sweep("qkv", lambda: qk_rms_norm_rope(F.linear(x, w, b), table.cos, table.sin, 32, EPS), run, configs)
 
 
 def w1_configs(cuda: torch.device) -> None:
-    """w1 + gate (quack's gemm_act, as fused/linear_silu_mul.py calls it) at M = 28 x 1797 with tile configs,
-    against cuBLAS + the Triton gate, alternating; each config's output against quack's default's."""
-    from quack.gemm_config import GemmConfig
+    """w1 + gate (quack's gemm_act, called as fused/linear_silu_mul.py calls it but with each config) at
+    M = 28 x 1797, against cuBLAS + the Triton gate."""
     from quack.gemm_interface import gemm_act
 
     from minimax_h3_vae.fused.silu_mul import silu_mul
@@ -204,71 +202,32 @@ def w1_configs(cuda: torch.device) -> None:
         )
         return out
 
-    def cfg(m, n, cm, cn, pingpong):
-        return GemmConfig(
-            tile_m=m, tile_n=n, cluster_m=cm, cluster_n=cn, pingpong=pingpong, is_dynamic_persistent=False
-        )
-
     configs = {
         "default (128x192 c2x1 pingpong)": None,
-        "128x192 c1x2 pingpong": cfg(128, 192, 1, 2, True),
-        "128x256 c2x1 pingpong": cfg(128, 256, 2, 1, True),
-        "128x256 c1x1 coop": cfg(128, 256, 1, 1, False),
-        "256x128 c2x1 coop": cfg(256, 128, 2, 1, False),
-        "256x192 c2x1 coop": cfg(256, 192, 2, 1, False),
-        "128x128 c2x1 pingpong": cfg(128, 128, 2, 1, True),
+        "128x192 c1x2 pingpong": tile(128, 192, 1, 2, True),
+        "128x256 c2x1 pingpong": tile(128, 256, 2, 1, True),
+        "128x256 c1x1 coop": tile(128, 256, 1, 1, False),
+        "256x128 c2x1 coop": tile(256, 128, 2, 1, False),
+        "256x192 c2x1 coop": tile(256, 192, 2, 1, False),
+        "128x128 c2x1 pingpong": tile(128, 128, 2, 1, True),
     }
-    reference = run(None).clone()
-    cublas = lambda: silu_mul(F.linear(x, w, b))  # noqa: E731
-    rows_out = []
-    for label, config in configs.items():
-        try:
-            diff = (run(config).float() - reference.float()).abs().max().item()
-            ms = [(round(timed(cublas, 10).ms, 3), round(timed(lambda c=config: run(c), 10).ms, 3)) for _ in range(2)]
-            rows_out.append((label, ms, diff))
-        except Exception as error:  # a config quack refuses: say so, go on
-            print(f"{label}: {type(error).__name__}: {str(error)[:300]}")
-    print("\n| w1 config | (cuBLAS + Triton, quack) ms, twice | max abs diff vs quack's default |")
-    print("| --- | --- | ---: |")
-    for label, ms, diff in rows_out:
-        print(f"| {label} | {ms} | {diff:.2e} |")
+    sweep("w1", lambda: silu_mul(F.linear(x, w, b)), run, configs)
 
 
-def main() -> None:
-    cuda = torch.device("cuda")
-    if sys.argv[1:] == ["w1"]:
-        _quack.load()
-        run_info("probe")
-        w1_configs(cuda)
-        return
-    if sys.argv[1:] == ["qkv"]:
-        _quack.load()
-        run_info("probe")
-        qkv_configs(cuda)
-        return
-    start = time.perf_counter()
+def residual_configs(cuda: torch.device) -> None:
+    """The residual candidate against today's pair, for to_out and w2, in four tile configs."""
     epilogue = build()
-    import_s = time.perf_counter() - start
-    run_info("probe")
     g = torch.Generator(device=cuda).manual_seed(0)
     rows, dim = 28 * 1797, 2048
     residual = 3 * torch.randn(rows, dim, device=cuda, generator=g)
     scale = 0.1 * torch.randn(dim, device=cuda, generator=g)
     norm_w = 1 + 0.1 * torch.randn(dim, device=cuda, generator=g)
     prev = torch.rsqrt(residual.pow(2).mean(-1) + EPS) * (1 + 0.05 * torch.rand(rows, device=cuda, generator=g))
-    from quack.gemm_config import GemmConfig
-
     configs = {
         "default 128x192 c2x1 pingpong": None,
-        "128x256 c1x1 coop": GemmConfig(
-            tile_m=128, tile_n=256, cluster_m=1, pingpong=False, is_dynamic_persistent=False
-        ),
-        "256x128 c2x1 coop": GemmConfig(
-            tile_m=256, tile_n=128, cluster_m=2, pingpong=False, is_dynamic_persistent=False
-        ),
-        "128x128 c2x1 pingpong": GemmConfig(
-            tile_m=128, tile_n=128, cluster_m=2, pingpong=True, is_dynamic_persistent=False
-        ),
+        "128x256 c1x1 coop": tile(128, 256, 1, 1, False),
+        "256x128 c2x1 coop": tile(256, 128, 2, 1, False),
+        "128x128 c2x1 pingpong": tile(128, 128, 2, 1, True),
     }
     table = []
     for label, config in configs.items():
@@ -277,9 +236,8 @@ def main() -> None:
                 table.append(probe(epilogue, f"{name}, {label}", k, residual, scale, norm_w, prev, g, config))
             except Exception as error:  # a config quack refuses: say so, go on
                 print(f"{name}, {label}: {type(error).__name__}: {str(error)[:300]}")
-    print(f"\nquack import {import_s:.1f} s")
     print(
-        "| GEMM | today: cuBLAS + scale_add_rms_norm, ms | candidate epilogue + rstd, ms | build s | "
+        "\n| GEMM | today: cuBLAS + scale_add_rms_norm, ms | candidate epilogue + rstd, ms | build s | "
         "residual max abs err | normed max rel err (candidate / today) |"
     )
     print("| --- | --- | --- | ---: | ---: | --- |")
@@ -288,6 +246,18 @@ def main() -> None:
             f"| {name} | {ms['today']} | {ms['candidate']} | {build_s:.1f} | {resid_err:.2e} | "
             f"{normed_err:.2e} / {today_err:.2e} |"
         )
+
+
+def main() -> None:
+    probes = {"residual": residual_configs, "qkv": qkv_configs, "w1": w1_configs}
+    name = sys.argv[1] if len(sys.argv) > 1 else "residual"
+    if name not in probes:
+        raise SystemExit(f"usage: quack_probe.py [{'|'.join(probes)}]")
+    start = time.perf_counter()
+    _quack.load()
+    print(f"quack import {time.perf_counter() - start:.1f} s")
+    run_info("probe")
+    probes[name](torch.device("cuda"))
 
 
 if __name__ == "__main__":

@@ -51,29 +51,32 @@ STOP_SIGNALS = {
 }
 
 
-def say(line: str) -> None:
-    """One line on stderr, best-effort: a closed, full or broken stderr never costs the output."""
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):  # closed (None or a closed file), full, or a broken pipe
-        pass
+# What writing to a closed (None or a closed file), full or broken stream raises.
+STREAM_ERRORS = (OSError, ValueError, AttributeError)
 
 
 class Diagnostics:
-    """A file-like stderr for tqdm and tracebacks that writes best-effort, as `say` does."""
+    """A file-like stderr (for `say`, tqdm and tracebacks) that writes best-effort: a closed, full or broken
+    stderr never costs the output."""
 
     def write(self, text: str) -> None:
         try:
             sys.stderr.write(text)
-        except (OSError, ValueError, AttributeError):
+        except STREAM_ERRORS:
             pass
 
     def flush(self) -> None:
         try:
             sys.stderr.flush()
-        except (OSError, ValueError, AttributeError):
+        except STREAM_ERRORS:
             pass
+
+
+def say(line: str) -> None:
+    """One line on stderr, best-effort (Diagnostics)."""
+    diagnostics = Diagnostics()
+    diagnostics.write(line + "\n")
+    diagnostics.flush()
 
 
 class InputError(Exception):
@@ -487,7 +490,7 @@ def console_main() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed or broken: nothing more can be said there
+        except STREAM_ERRORS:  # closed or broken: nothing more can be said there
             pass
     os._exit(code)
 

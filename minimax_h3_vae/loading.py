@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from .blocks import EAGER_OPS, attention_backends
-from .config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD, ConfigError, H3DecoderConfig
+from .config import ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
 from .reader import DTYPES, DeviceReader, read_header
 from .runtime import Runtime
@@ -296,9 +296,40 @@ def _expect(config: dict[str, Any], where: str, **expected) -> None:
             raise ConfigError(f"{where}: {key}={config[key]!r} is not supported (only {value!r})")
 
 
-# vit_decoder_kwargs keys of the original release; anything else is a decoder variant we do not know.
+def _fields(source: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+    """The H3DecoderConfig fields a config file sets, through its table `keys` (field -> the file's key). A
+    field the file leaves out keeps H3DecoderConfig's default, the released value."""
+    return {field: source[key] for field, key in keys.items() if key in source}
+
 
 # ---- original layout: video_vae/{config.json, source/config.json, source/model.safetensors} -----------------
+
+# H3DecoderConfig fields in the release's files: source/config.json, its vit_decoder_kwargs, config.json.
+_ORIGINAL_MODEL_FIELDS = {"patch_size": "vae_ratio", "patch_size_t": "vae_ratio_t"}
+_ORIGINAL_VIT_FIELDS = {
+    "num_layers": "num_layers",
+    "num_heads": "heads",
+    "head_dim": "dim_head",
+    "rope_theta": "rope_theta",
+    "rope_dim_ratio": "rope_dim_ratio",
+}
+_ORIGINAL_WRAPPER_FIELDS = {
+    "clip_length": "vae_clip_length",
+    "token_drop": "vae_token_drop",
+    "latents_mean": "latents_mean",
+    "latents_std": "latents_std",
+}
+# The vit_decoder_kwargs this decoder reproduces only with the release's value.
+_ORIGINAL_VIT_FIXED = dict(
+    norm_type="rms_norm",
+    norm_affine=True,
+    qk_norm_type="rms_norm",
+    qk_norm_affine=False,
+    ffn_use_gated=True,
+    ffn_activation_fn="silu",
+)
+# vit_decoder_kwargs keys of the original release; anything else is a decoder variant we do not know.
+_ORIGINAL_VIT_KEYS = {*_ORIGINAL_VIT_FIELDS.values(), *_ORIGINAL_VIT_FIXED}
 
 
 def original_config(wrapper: dict[str, Any], model: dict[str, Any]) -> H3DecoderConfig:
@@ -317,53 +348,21 @@ def original_config(wrapper: dict[str, Any], model: dict[str, Any]) -> H3Decoder
         use_vit_decoder=True,
     )
     vit = dict(model.get("vit_decoder_kwargs", {}))
-    _expect(
-        vit,
-        "vit_decoder_kwargs",
-        norm_type="rms_norm",
-        norm_affine=True,
-        qk_norm_type="rms_norm",
-        qk_norm_affine=False,
-        ffn_use_gated=True,
-        ffn_activation_fn="silu",
-    )
+    _expect(vit, "vit_decoder_kwargs", **_ORIGINAL_VIT_FIXED)
     unknown = set(vit) - _ORIGINAL_VIT_KEYS
     if unknown:
         raise ConfigError(f"vit_decoder_kwargs has settings this decoder does not implement: {sorted(unknown)}")
-    fields = dict(
-        latent_channels=wrapper.get("latent_channels", model.get("z_channels", 24)),
-        patch_size=model.get("vae_ratio", 16),
-        patch_size_t=model.get("vae_ratio_t", 4),
-        num_layers=vit.get("num_layers", 36),
-        num_heads=vit.get("heads", 32),
-        head_dim=vit.get("dim_head", 64),
-        rope_theta=vit.get("rope_theta", 100.0),
-        rope_dim_ratio=vit.get("rope_dim_ratio", 0.75),
-        clip_length=wrapper.get("vae_clip_length", 17),
-        token_drop=wrapper.get("vae_token_drop", 3),
-        latents_mean=wrapper.get("latents_mean", RELEASED_LATENTS_MEAN),
-        latents_std=wrapper.get("latents_std", RELEASED_LATENTS_STD),
-    )
-    if model.get("z_channels", fields["latent_channels"]) != fields["latent_channels"]:
+    fields = {
+        **_fields(model, _ORIGINAL_MODEL_FIELDS),
+        **_fields(vit, _ORIGINAL_VIT_FIELDS),
+        **_fields(wrapper, _ORIGINAL_WRAPPER_FIELDS),
+        # The wrapper's latent_channels, else source's z_channels; the two must agree.
+        **_fields(model, {"latent_channels": "z_channels"}),
+        **_fields(wrapper, {"latent_channels": "latent_channels"}),
+    }
+    if "z_channels" in model and model["z_channels"] != fields["latent_channels"]:
         raise ConfigError("video_vae/config.json and source/config.json disagree on the latent channels")
     return H3DecoderConfig(**fields)
-
-
-_ORIGINAL_VIT_KEYS = {
-    "dim_head",
-    "heads",
-    "num_layers",
-    "rope_dim_ratio",
-    "rope_theta",
-    "norm_type",
-    "norm_affine",
-    "qk_norm_type",
-    "qk_norm_affine",
-    "ffn_use_gated",
-    "ffn_activation_fn",
-}
-
-# Every constructor argument of diffusers' AutoencoderKLMiniMaxH3 (0.40-0.42), plus its bookkeeping keys.
 
 
 def _open_original(folder: Path, origin: str) -> Checkpoint:
@@ -432,6 +431,42 @@ def diffusers_sources(key: str) -> tuple[tuple[str, ...], Callable | None]:
     return (key,), None
 
 
+# H3DecoderConfig fields in diffusers' vae/config.json (besides the two patch sizes, products of factor lists).
+_DIFFUSERS_FIELDS = {
+    "latent_channels": "latent_channels",
+    "num_layers": "decoder_num_layers",
+    "num_heads": "decoder_num_attention_heads",
+    "head_dim": "decoder_attention_head_dim",
+    "num_register_tokens": "decoder_num_register_tokens",
+    "ffn_mult": "decoder_ffn_mult",
+    "rope_theta": "decoder_rope_theta",
+    "rope_dim_ratio": "decoder_rope_dim_ratio",
+    "norm_eps": "decoder_norm_eps",
+    "clip_length": "clip_length",
+    "token_drop": "token_drop",
+    "latents_mean": "latents_mean",
+    "latents_std": "latents_std",
+}
+# Every constructor argument of diffusers' AutoencoderKLMiniMaxH3 (0.40-0.42), plus its bookkeeping keys.
+# The encoder's arguments are accepted and ignored: the decoder does not depend on them.
+_DIFFUSERS_KEYS = {
+    "_class_name",
+    "_diffusers_version",
+    "_name_or_path",
+    "_use_default_values",  # kept by an in-memory model's config (the arguments left at their defaults)
+    "in_channels",
+    "out_channels",
+    "block_out_channels",
+    "layers_per_block",
+    "spatial_downsample_factors",
+    "temporal_downsample_factors",
+    "norm_num_groups",
+    "norm_eps",
+    "spatial_padding_mode",
+    *_DIFFUSERS_FIELDS.values(),
+}
+
+
 def diffusers_config(config: dict[str, Any]) -> H3DecoderConfig:
     """diffusers `vae/config.json` of `AutoencoderKLMiniMaxH3`."""
     _expect_object(config, "vae/config.json")
@@ -442,57 +477,19 @@ def diffusers_config(config: dict[str, Any]) -> H3DecoderConfig:
     if unknown:
         raise ConfigError(f"vae/config.json has settings this decoder does not implement: {sorted(unknown)}")
     _expect(config, "vae/config.json", out_channels=3)
-    spatial = _factor(config, "spatial_downsample_factors", (2, 2, 2, 2, 1, 1))
-    temporal = _factor(config, "temporal_downsample_factors", (1, 2, 2, 1, 1, 1))
-    fields = dict(
-        latent_channels=config.get("latent_channels", 24),
-        patch_size=spatial,
-        patch_size_t=temporal,
-        num_layers=config.get("decoder_num_layers", 36),
-        num_heads=config.get("decoder_num_attention_heads", 32),
-        head_dim=config.get("decoder_attention_head_dim", 64),
-        num_register_tokens=config.get("decoder_num_register_tokens", 4),
-        ffn_mult=config.get("decoder_ffn_mult", 4),
-        rope_theta=config.get("decoder_rope_theta", 100.0),
-        rope_dim_ratio=config.get("decoder_rope_dim_ratio", 0.75),
-        norm_eps=config.get("decoder_norm_eps", 1e-5),
-        clip_length=config.get("clip_length", 17),
-        token_drop=config.get("token_drop", 3),
-        latents_mean=config.get("latents_mean", RELEASED_LATENTS_MEAN),
-        latents_std=config.get("latents_std", RELEASED_LATENTS_STD),
+    return H3DecoderConfig(
+        **_fields(config, _DIFFUSERS_FIELDS),
+        patch_size=_factor(config, "spatial_downsample_factors", (2, 2, 2, 2, 1, 1)),
+        patch_size_t=_factor(config, "temporal_downsample_factors", (1, 2, 2, 1, 1, 1)),
     )
-    return H3DecoderConfig(**fields)
 
 
-# The encoder's arguments are accepted and ignored: the decoder does not depend on them.
-_DIFFUSERS_KEYS = {
-    "_class_name",
-    "_diffusers_version",
-    "_name_or_path",
-    "_use_default_values",  # kept by an in-memory model's config (the arguments left at their defaults)
-    "in_channels",
-    "out_channels",
-    "latent_channels",
-    "block_out_channels",
-    "layers_per_block",
-    "spatial_downsample_factors",
-    "temporal_downsample_factors",
-    "norm_num_groups",
-    "norm_eps",
-    "spatial_padding_mode",
-    "decoder_num_layers",
-    "decoder_num_attention_heads",
-    "decoder_attention_head_dim",
-    "decoder_num_register_tokens",
-    "decoder_ffn_mult",
-    "decoder_rope_theta",
-    "decoder_rope_dim_ratio",
-    "decoder_norm_eps",
-    "clip_length",
-    "token_drop",
-    "latents_mean",
-    "latents_std",
-}
+def _decoder_shards(index: Path, origin: str) -> list[str]:
+    """The shard files a diffusers index names for the decoder's tensors, sorted (the encoder's are not read)."""
+    weight_map = _read_json(index, origin).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+        raise CheckpointError(f"{origin}: {index}: weight_map must map tensor names to file names")
+    return sorted({name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)})
 
 
 def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
@@ -503,11 +500,7 @@ def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
         raise CheckpointError(f"{origin}: {error}") from None
     index = folder / DIFFUSERS_INDEX
     if index.is_file():
-        weight_map = _read_json(index, origin).get("weight_map", {})
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise CheckpointError(f"{origin}: {index}: weight_map must map tensor names to file names")
-        names = {name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)}
-        files = sorted(_inside(folder, name, origin) for name in names)
+        files = [_inside(folder, name, origin) for name in _decoder_shards(index, origin)]
     else:
         files = [folder / DIFFUSERS_SINGLE]
     where, shapes = _headers(files, origin)
@@ -604,11 +597,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
             pass
         config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
         try:
-            index = _read_json(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}"), repo_id)
-            weight_map = index.get("weight_map")
-            if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
-                raise CheckpointError(f"{repo_id}: {DIFFUSERS_INDEX}: weight_map must map tensor names to file names")
-            for name in sorted({n for k, n in weight_map.items() if k.startswith(DECODER_PREFIXES)}):
+            for name in _decoder_shards(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}"), repo_id):
                 fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
         except LocalEntryNotFoundError:
             if not local_only:
