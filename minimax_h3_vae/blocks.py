@@ -107,6 +107,12 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return silu_mul(F.linear(x, weight, bias))
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention, no mask, scale 1/sqrt(D), through torch's SDPA (its backends as `attention_backends`
+    allows). q, k, v: (B, H, S, D), one dtype -> (B, H, S, D) of that dtype."""
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A float32 Linear (proj_out, which the release runs in float32). x: (..., K), weight: (N, K), bias: (N,)."""
     return F.linear(x, weight, bias)
@@ -119,6 +125,7 @@ EAGER_OPS = SimpleNamespace(
     linear_qk_rms_norm_rope=linear_qk_rms_norm_rope,
     silu_mul=silu_mul,
     linear_silu_mul=linear_silu_mul,
+    attention=attention,
     linear_fp32=linear_fp32,
 )
 
@@ -187,7 +194,7 @@ class DecoderBlock(nn.Module):
         )
         # q and k may come with their head dims in an order of the op's own (the same for both): the scores
         # q . k, all that attention reads of them, do not change.
-        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
+        o = ops.attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
         # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread). In place on
         # the (B, S, H*D) layout, which the attention backends write contiguously: one vectorised pass.
         o = o.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))

@@ -145,6 +145,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "saves on one clip), quack (Hopper, the hopper extra; ~5%% faster per unit) or auto (quack where it runs)",
     )
     parser.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "fa4"),
+        default="sdpa",
+        help="attention of the fused fp16 path: sdpa (default: torch's; FlashAttention 4 imports quack, 11-17 s), "
+        "fa4 (Hopper, the hopper extra; ~3%% faster per unit) or auto (fa4 where it runs)",
+    )
+    parser.add_argument(
         "--offload",
         choices=("auto", "none", "blocks"),
         default="auto",
@@ -209,6 +216,7 @@ FLAGS = {
     "max_gpu_memory": "--max-gpu-memory",
     "offload": "--offload",
     "gemm": "--gemm",
+    "attention": "--attention",
 }
 
 
@@ -226,6 +234,7 @@ def decode_options(args: argparse.Namespace, device=None):
             offload=args.offload,
             max_gpu_memory=args.max_gpu_memory,
             gemm=args.gemm,
+            attention=args.attention,
         )
     except ValueError as error:
         message = str(error)
@@ -361,11 +370,12 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
 
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
     ops = decoder.ops()  # what will run: a kernel that cannot run here was replaced by its eager op
-    kernels = sum(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in vars(EAGER_OPS))
+    kernels = sum(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
     path = (
-        "eager" if not kernels else "fused" if kernels == len(vars(EAGER_OPS)) else f"{kernels} fused, the other eager"
+        "eager" if not kernels else "fused" if kernels == len(fused.FUSED_OPS) else f"{kernels} fused, the other eager"
     )
     path += ", quack's GEMMs for w1 and the attention's projection" if fused.uses_quack(ops) else ""
+    path += ", FlashAttention 4" if fused.uses_fa4(ops) else ""
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"

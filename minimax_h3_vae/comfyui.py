@@ -43,6 +43,13 @@ RUN_INPUTS = {
         ["auto", "cublas", "quack"],
         {"default": "auto", "tooltip": "block GEMMs of the fused fp16 path; auto: quack on Hopper where installed"},
     ),
+    "attention": (
+        ["auto", "sdpa", "fa4"],
+        {
+            "default": "auto",
+            "tooltip": "attention of the fused fp16 path; auto: FlashAttention 4 on Hopper where installed",
+        },
+    ),
 }
 
 
@@ -97,9 +104,11 @@ class H3DecoderLoader:
             }
         }
 
-    def load(self, vae_name: str, path: str, fused: str, tile_batch: int, gemm: str = "auto") -> tuple[NodeDecoder]:
+    def load(
+        self, vae_name: str, path: str, fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto"
+    ) -> tuple[NodeDecoder]:
         source = _source(vae_name, path)
-        options = _node_options(fused, tile_batch, gemm)
+        options = _node_options(fused, tile_batch, gemm, attention)
         shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
         checkpoint = load_checkpoint(source)  # its headers only: which files it is read from
         key = (_identity(source, checkpoint), shared)
@@ -155,11 +164,17 @@ class H3DecodeWithVAE:
         }
 
     def decode(
-        self, vae, samples: dict, fused: str = "auto", tile_batch: int = 0, gemm: str = "auto"
+        self,
+        vae,
+        samples: dict,
+        fused: str = "auto",
+        tile_batch: int = 0,
+        gemm: str = "auto",
+        attention: str = "auto",
     ) -> tuple[torch.Tensor]:
         """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` (once per VAE and weights,
         `decoder_for_vae`)."""
-        options = _node_options(fused, tile_batch, gemm)
+        options = _node_options(fused, tile_batch, gemm, attention)
         z = video_latents(samples["samples"])
         model = decoder_for_vae(vae, options.replace(tile_batch=None))
         if model is None:
@@ -185,13 +200,15 @@ class H3UseForVAE:
     def INPUT_TYPES(cls):
         return {"required": {"vae": ("VAE",), **RUN_INPUTS}}
 
-    def patch(self, vae, fused: str = "auto", tile_batch: int = 0, gemm: str = "auto") -> tuple:
+    def patch(
+        self, vae, fused: str = "auto", tile_batch: int = 0, gemm: str = "auto", attention: str = "auto"
+    ) -> tuple:
         """A shallow copy of `vae` whose `first_stage_model` is a shallow copy of the original (the same
         weights, buffers and submodules) with ComfyUI's decode contract served by our decoder:
         `decode(z, output_buffer=None)` takes normalised latents (B, 24, T, h, w) and returns float32
         (B, 3, F, H, W) in [0, 1], written into `output_buffer` when given; `decode_output_shape(shape)`
         and `decode_tiled` match it. The VAE given is not changed."""
-        options = _node_options(fused, tile_batch, gemm)
+        options = _node_options(fused, tile_batch, gemm, attention)
         config = _state_config(_h3_state(vae)[1])  # checks now that it is H3's video VAE
         stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
         own_decode = getattr(vae.first_stage_model, "decode", None)
@@ -216,13 +233,14 @@ class H3UseForVAE:
         return (patched,)
 
 
-def _node_options(fused: str, tile_batch: int, gemm: str = "auto") -> DecodeOptions:
+def _node_options(fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto") -> DecodeOptions:
     """The run options of a node's widgets (RUN_INPUTS), on ComfyUI's device."""
     return DecodeOptions(
         device=_device(),
         fused={"auto": None, "on": True, "off": False}[fused],
         tile_batch=tile_batch or None,
         gemm=gemm,
+        attention=attention,
     )
 
 

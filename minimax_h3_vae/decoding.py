@@ -43,7 +43,7 @@ class H3VideoDecoder(H3Decoder):
     def __init__(self, config: H3DecoderConfig, runtime: Runtime | None = None):
         super().__init__(config)
         self._runtime = runtime if runtime is not None else Runtime()
-        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, gemm, device, dtype) -> the ops
+        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, gemm, attention, device, dtype) -> the ops
         self._streamer: BlockStreamer | None = None
         self._streaming = threading.Lock()  # one layer-major decode at a time through the streamer's slots
 
@@ -60,9 +60,9 @@ class H3VideoDecoder(H3Decoder):
         diffusers `vae/` folder, or a single ComfyUI `.safetensors` file.
 
         The run options are a `DecodeOptions`, or its fields as keywords (device, dtype, fused, tile_batch,
-        offload, max_gpu_memory in GiB, tiling, output_rank, attention_backends); they are checked before
-        the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none loads a cached
-        copy without asking the hub, a branch or tag asks the hub for its newest commit first.
+        offload, max_gpu_memory in GiB, tiling, output_rank, attention_backends, gemm, attention); they are
+        checked before the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none
+        loads a cached copy without asking the hub, a branch or tag asks the hub for its newest commit first.
         """
         options = _options(options, fields)
         return cls.from_checkpoint(load_checkpoint(source, revision=revision), options)
@@ -113,23 +113,26 @@ class H3VideoDecoder(H3Decoder):
         self.configure(output_rank=value)
 
     def ops(self, runtime: Runtime | None = None) -> SimpleNamespace:
-        """The pointwise ops for `runtime` (default: the decoder's): eager, or the Triton kernels when it asks
-        for fused ops (with `runtime.gemm`'s GEMMs). Selected once per (fused, gemm, device, dtype), with
-        a warning naming any kernel that cannot run here (that op then runs without it)."""
+        """The ops for `runtime` (default: the decoder's): eager, or the fused kernels when it asks for fused
+        ops (with `runtime.gemm`'s GEMMs and `runtime.attention`'s attention). Selected once per (fused, gemm,
+        attention, device, dtype), with a warning naming any kernel that cannot run here (that op then runs
+        without it)."""
         runtime = runtime or self._runtime
         key = self._ops_key(runtime)
         if key not in self._ops:
             if key[0]:
                 from . import fused
 
-                self._ops[key] = fused.select_ops(self.config, self.device, self.compute_dtype, runtime.gemm)
+                self._ops[key] = fused.select_ops(
+                    self.config, self.device, self.compute_dtype, runtime.gemm, runtime.attention
+                )
             else:
                 self._ops[key] = EAGER_OPS
         return self._ops[key]
 
     def _ops_key(self, runtime: Runtime) -> tuple:
         fused = runtime.fused if runtime.fused is not None else resolve_fused(None, self.device)
-        return (fused, runtime.gemm, self.device, self.compute_dtype)
+        return (fused, runtime.gemm, runtime.attention, self.device, self.compute_dtype)
 
     def device_bytes(self) -> int:
         """Bytes of weights this decoder holds on its device, the streaming slots included."""

@@ -62,8 +62,9 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     The run options are a `DecodeOptions` or its fields as keywords, as for `H3VideoDecoder.from_pretrained`:
     dtype is our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
     (default on CPU), whatever dtype the VAE was loaded in; fused, tile_batch, offload, max_gpu_memory (GiB),
-    output_rank, attention_backends. The device is the stock decoder's, and the tiling follows the VAE's own
-    switches at each decode: giving either here is a SwapError (an `options.device` is replaced by the VAE's).
+    output_rank, attention_backends, gemm, attention. The device is the stock decoder's, and the tiling follows
+    the VAE's own switches at each decode: giving either here is a SwapError (an `options.device` is replaced
+    by the VAE's).
 
     Our decoder is built on the stock decoder's device from its tensors in memory; the stock decoder is then
     dropped, so its parameters are freed (both copies exist only while converting). Afterwards

@@ -681,8 +681,9 @@ def load_weights(
 class LibrarySetUp:
     """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
     load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
-    0.5 s on an H200; with gemm="quack", quack is imported and its two GEMMs built: 15-25 s), and cuBLAS, cuDNN
-    and the attention backends each get one small call (about 0.3 s of library loading and handles).
+    0.5 s on an H200; with gemm="quack" or attention="fa4", quack is imported and its GEMMs and flash-attn-4's
+    kernel are built: 15-25 s), and cuBLAS, cuDNN and the attention backends each get one small call (about
+    0.3 s of library loading and handles).
     Everything runs on two zero tokens; nothing here touches the model.
 
     `join()` returns the selected ops (the model keeps them, so they are selected once), or None when the
@@ -703,8 +704,8 @@ class LibrarySetUp:
                 if runtime.fused:
                     from . import fused
 
-                    ops = fused.select_ops(c, device, dtype, runtime.gemm)
-                    fused.warm_up(ops, c, device, dtype, runtime.gemm)
+                    ops = fused.select_ops(c, device, dtype, runtime.gemm, runtime.attention)
+                    fused.warm_up(ops, c, device, dtype, runtime.gemm, runtime.attention)
                 else:
                     ops = EAGER_OPS
                 tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)

@@ -32,6 +32,9 @@ OFFLOAD_MODES = ("none", "blocks")
 # between them in their epilogues (fused/linear_silu_mul.py, fused/linear_qk_rms_norm_rope.py; Hopper only,
 # the `hopper` extra).
 GEMM_BACKENDS = ("cublas", "quack")
+# The fused path's attention: torch's SDPA (with ATTENTION_BACKENDS), or FlashAttention 4's Hopper kernel
+# (fused/flash_attention.py; Hopper only, the `hopper` extra).
+ATTENTION_KERNELS = ("sdpa", "fa4")
 FUSED_ENV = "MINIMAX_H3_VAE_FUSED"
 GIB = 2**30
 # The largest GPU memory budget taken, in GiB: far above any card, small enough that bytes stay exact.
@@ -50,7 +53,8 @@ class Runtime:
     every rank). attention_backends: SDPA backend names, most preferred first. offload: "none" (every weight
     on the device) or "blocks" (block linears in host memory, streamed, layer-major). max_gpu_memory: bytes
     the decoder may hold on the GPU, weights included (None: what is free). gemm: the fused path's block GEMMs,
-    "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's).
+    "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's). attention: the fused path's
+    attention, "sdpa" or "fa4" (ATTENTION_KERNELS; the eager path always runs SDPA).
     """
 
     fused: bool | None = None
@@ -61,6 +65,7 @@ class Runtime:
     offload: str = "none"
     max_gpu_memory: int | None = None
     gemm: str = "cublas"
+    attention: str = "sdpa"
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class DecodeOptions:
     output_rank: the one rank that receives the video under torch.distributed (None: every rank).
     attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS). gemm: "auto",
     "cublas" or "quack", the fused fp16 path's block GEMMs (`resolve_gemm`; auto: quack where it runs).
+    attention: "auto", "sdpa" or "fa4", the fused fp16 path's attention (`resolve_attention`; auto: fa4 where
+    it runs).
     """
 
     device: str | torch.device | None = None
@@ -88,6 +95,7 @@ class DecodeOptions:
     output_rank: int | None = None
     attention_backends: tuple[str, ...] | str | None = None
     gemm: str = "auto"
+    attention: str = "auto"
 
     def __post_init__(self):
         device = resolve_device(self.device)
@@ -100,6 +108,7 @@ class DecodeOptions:
             raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
         _check_gib(self.max_gpu_memory)
         object.__setattr__(self, "gemm", resolve_gemm(self.gemm, device, self.dtype, self.fused))
+        object.__setattr__(self, "attention", resolve_attention(self.attention, device, self.dtype, self.fused))
 
     def replace(self, **changes) -> DecodeOptions:
         return dataclasses.replace(self, **changes)
@@ -123,6 +132,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         offload=offload,
         max_gpu_memory=cap,
         gemm=options.gemm,
+        attention=options.attention,
     )
 
 
@@ -256,17 +266,47 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: boo
     return "cublas"
 
 
+def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+    """The fused path's attention. "fa4" runs where every part of it can: the fused path, the fp16 recipe, a
+    Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
+    picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
+    missing. Nothing is imported here (flash-attn-4 imports quack: 11-17 s), only at load."""
+    if attention not in ("auto", *ATTENTION_KERNELS):
+        raise ValueError(f"attention must be 'auto', 'sdpa' or 'fa4', got {attention!r}")
+    if attention == "sdpa":
+        return attention
+    missing = _hopper_problem(device, dtype, fused, "attention")
+    if missing is None:
+        from .fused import _quack, flash_attention  # these import no quack and no flash-attn-4
+
+        if not flash_attention.installed():
+            missing = f"needs flash-attn-4, quack-kernels and NVIDIA's CuTe DSL: {_quack.INSTALL}"
+    if missing is None:
+        return "fa4"
+    if attention == "fa4":
+        raise ValueError(f"attention 'fa4' {missing}; or choose 'sdpa'")
+    return "sdpa"
+
+
 def _quack_problem(device: torch.device, dtype: torch.dtype, fused: bool) -> str | None:
     from .fused import _quack as quack  # where quack runs; importing it imports no quack
+
+    missing = _hopper_problem(device, dtype, fused, "GEMMs")
+    if missing is None and not quack.installed():
+        missing = f"needs quack-kernels and NVIDIA's CuTe DSL: {quack.INSTALL}"
+    return missing
+
+
+def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what: str) -> str | None:
+    """Why the `hopper` extra's kernels cannot run the recipe's `what` with these settings (installs aside)."""
+    from .fused import _quack as quack
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
     if dtype != torch.float16:
-        return "runs the fp16 recipe's GEMMs, not fp32: choose fp16"
+        return f"runs the fp16 recipe's {what}, not fp32: choose fp16"
     if not fused:
         return "runs on the fused path, not the eager one: turn the fused path on"
-    if not quack.installed():
-        return f"needs quack-kernels and NVIDIA's CuTe DSL: {quack.INSTALL}"
     return None
 
 

@@ -41,11 +41,12 @@ def test_node_contract():
     )
     loader, decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"], NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]
     inputs = loader.INPUT_TYPES()["required"]
-    assert list(inputs) == ["vae_name", "path", "fused", "tile_batch", "gemm"]
+    assert list(inputs) == ["vae_name", "path", "fused", "tile_batch", "gemm", "attention"]
     assert inputs["vae_name"][0] == [PATH_CHOICE]  # no ComfyUI here: only the path entry
     assert inputs["path"][0] == "STRING" and inputs["tile_batch"][0] == "INT"
     assert inputs["fused"][0] == ["auto", "on", "off"]
     assert inputs["gemm"][0] == ["auto", "cublas", "quack"] and inputs["gemm"][1]["default"] == "auto"
+    assert inputs["attention"][0] == ["auto", "sdpa", "fa4"] and inputs["attention"][1]["default"] == "auto"
     assert loader.RETURN_TYPES == ("MINIMAX_H3_DECODER",) and callable(getattr(loader(), loader.FUNCTION))
     assert decode.INPUT_TYPES() == {"required": {"decoder": ("MINIMAX_H3_DECODER",), "samples": ("LATENT",)}}
     assert decode.RETURN_TYPES == ("IMAGE",) and callable(getattr(decode(), decode.FUNCTION))

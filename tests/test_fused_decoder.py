@@ -27,7 +27,7 @@ def latents():
 def decode(layouts, latents, dtype, is_fused):
     # The Triton kernels' path: cuBLAS for every GEMM (quack's, where installed, is tested in test_quack_gemm.py).
     decoder = H3VideoDecoder.from_pretrained(
-        layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused, gemm="cublas"
+        layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused, gemm="cublas", attention="sdpa"
     )
     assert decoder.runtime.fused is is_fused
     before = fused.launch_counts()
@@ -50,6 +50,7 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
         "tf32x3_linear": 2,
         "linear_silu_mul": 0,  # quack's, for gemm="quack" only
         "linear_qk_rms_norm_rope": 0,
+        "flash_attention": 0,  # flash-attn-4's, for attention="fa4" only
     }
     # fp32 throughout; the kernels sum in another order (and use rsqrt.approx on the GPU): ~1e-7 relative
     # per op, a few 1e-6 at the output after the blocks amplify it.
@@ -115,13 +116,19 @@ def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
     off the first decode), the model keeps the ops selected there, and the output is the same as from a
     model whose set-up came with its first decode."""
     before = fused.launch_counts()
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas")
+    decoder = H3VideoDecoder.from_pretrained(
+        layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas", attention="sdpa"
+    )
     after = fused.launch_counts()
-    quack = ("linear_silu_mul", "linear_qk_rms_norm_rope")  # run for gemm="quack" only
+    # quack's run for gemm="quack" only, flash-attn-4's for attention="fa4" only
+    quack = ("linear_silu_mul", "linear_qk_rms_norm_rope", "flash_attention")
     assert {name: after[name] - before[name] for name in after} == {name: int(name not in quack) for name in after}
     ops = decoder.ops()
-    assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in vars(EAGER_OPS))
-    late = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas")
+    assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
+    assert ops.attention is EAGER_OPS.attention, "SDPA unless attention='fa4'"
+    late = H3VideoDecoder.from_pretrained(
+        layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas", attention="sdpa"
+    )
     late._ops.clear()  # selected again at its first decode, as before the set-up thread existed
     assert torch.equal(decoder.decode(latents), late.decode(latents))
 

@@ -1,8 +1,8 @@
-"""Triton kernels for the decoder's pointwise ops and its float32 output projection, and (gemm="quack")
-quack's GEMMs for w1 with the gate, and for the attention's projection with the QK norm and RoPE, in their
-epilogues.
+"""Triton kernels for the decoder's pointwise ops and its float32 output projection; (gemm="quack") quack's
+GEMMs for w1 with the gate, and for the attention's projection with the QK norm and RoPE, in their
+epilogues; (attention="fa4") FlashAttention 4's Hopper kernel for the attention.
 
-`select_ops(config, device, dtype, gemm)` builds a model's ops once: for each op, the kernel's launcher when
+`select_ops(config, device, dtype, gemm, attention)` builds a model's ops once: for each op, the kernel's launcher when
 the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
 `blocks.py`, with one warning naming each kernel left out and why. The ops have the eager signatures; a
 launcher still checks its contract on every call and raises ValueError outside it, never a silent fallback.
@@ -24,7 +24,7 @@ from .. import blocks
 from ..config import H3DecoderConfig
 from ._common import LAUNCHES, device_problem
 
-__all__ = ["launch_counts", "select_ops", "uses_quack", "warm_up"]
+__all__ = ["FUSED_OPS", "launch_counts", "select_ops", "uses_fa4", "uses_quack", "warm_up"]
 
 # op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
 KERNELS = {
@@ -38,15 +38,22 @@ KERNELS = {
 # by the kernel (or eager op) named here.
 QUACK_KERNELS = {"linear_silu_mul": "linear_silu_mul", "linear_qk_rms_norm_rope": "linear_qk_rms_norm_rope"}
 AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rms_norm_rope"}
+# attention="fa4": the attention op -> its module (else SDPA, the eager op).
+FA4_KERNELS = {"attention": "flash_attention"}
+# The ops the fused path runs as kernels wherever they can (the attention is SDPA on both paths, unless fa4).
+FUSED_OPS = (*KERNELS, *AFTER_CUBLAS)
 
 
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul', 'tf32x3_linear', and quack's 'linear_silu_mul' and 'linear_qk_rms_norm_rope'."""
+    'silu_mul', 'tf32x3_linear', quack's 'linear_silu_mul' and 'linear_qk_rms_norm_rope', and
+    flash-attn-4's 'flash_attention'."""
     return dict(LAUNCHES)
 
 
-def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str) -> dict[str, tuple]:
+def _model_calls(
+    config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str, attention: str
+) -> dict[str, tuple]:
     """Arguments shaped and laid out as the decoder passes them to each op that has a kernel of its own (two
     tokens of one tile), zeros."""
     c = config
@@ -88,17 +95,26 @@ def _model_calls(config: H3DecoderConfig, device: torch.device, dtype: torch.dty
             c.num_heads,
             c.norm_eps,
         )
+    if attention == "fa4":  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
+        head_dim = c.dim // c.num_heads
+        qkv = zeros(1, 2, c.num_heads, 3, head_dim, dtype=dtype).transpose(1, 2)
+        calls["attention"] = tuple(qkv.unbind(3))
     return calls
 
 
 def warm_up(
-    ops: SimpleNamespace, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str = "cublas"
+    ops: SimpleNamespace,
+    config: H3DecoderConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    gemm: str = "cublas",
+    attention: str = "sdpa",
 ) -> None:
     """Call each kernel of `ops` once on two zero tokens laid out as the decoder passes them. A process's
     first Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about
-    0.5 s on an H200), and quack's first call of each GEMM builds it (about 3 s each); done here, in a thread beside the
-    weight load, it is off the first decode's path."""
-    for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
+    0.5 s on an H200), and quack's and flash-attn-4's first call of each kernel builds it (about 2-3 s each);
+    done here, in a thread beside the weight load, it is off the first decode's path."""
+    for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
         getattr(ops, name)(*args)
 
 
@@ -106,6 +122,11 @@ def uses_quack(ops: SimpleNamespace) -> bool:
     """Whether `ops` (from select_ops) run any GEMM on quack."""
     modules = {name: getattr(getattr(ops, name), "__module__", None) for name in QUACK_KERNELS}
     return any(modules[name] == f"{__name__}.{module}" for name, module in QUACK_KERNELS.items())
+
+
+def uses_fa4(ops: SimpleNamespace) -> bool:
+    """Whether `ops` (from select_ops) run the attention on flash-attn-4."""
+    return getattr(ops.attention, "__module__", None) == f"{__name__}.{FA4_KERNELS['attention']}"
 
 
 def _after_cublas(name: str, then):
@@ -119,15 +140,21 @@ def _after_cublas(name: str, then):
 
 
 def select_ops(
-    config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str = "cublas"
+    config: H3DecoderConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    gemm: str = "cublas",
+    attention: str = "sdpa",
 ) -> SimpleNamespace:
     """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
     can run there, else the eager op (and one warning naming those kernels and why). gemm: "quack" takes
     quack's GEMMs for w1 and its gate and for the attention's projection with its QK norm and RoPE where they
-    run (this imports quack); "cublas" torch's linear followed by the gate's and the norm's kernels."""
-    kernels = {**KERNELS, **(QUACK_KERNELS if gemm == "quack" else {})}
-    ops, left_out = {}, []
-    for name, args in _model_calls(config, torch.device(device), dtype, gemm).items():
+    run (this imports quack); "cublas" torch's linear followed by the gate's and the norm's kernels.
+    attention: "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's
+    SDPA (the eager op)."""
+    kernels = {**KERNELS, **(QUACK_KERNELS if gemm == "quack" else {}), **(FA4_KERNELS if attention == "fa4" else {})}
+    ops, left_out = {"attention": blocks.EAGER_OPS.attention}, []
+    for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
         module = kernels[name]
         # The device test comes first so that a kernel that cannot launch here is never defined.
         problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
@@ -138,6 +165,8 @@ def select_ops(
             ops[name] = getattr(kernel, name)
         elif name in QUACK_KERNELS:  # falls back to torch's linear and the op after it, below
             left_out.append(f"{module} ({problem}; torch's linear and the {AFTER_CUBLAS[name]} op run instead)")
+        elif name in FA4_KERNELS:  # stays torch's SDPA
+            left_out.append(f"{module} ({problem}; torch's SDPA runs instead)")
         else:
             ops[name] = getattr(blocks.EAGER_OPS, name)
             left_out.append(f"{module} ({problem}; the eager op runs instead)")

@@ -27,6 +27,7 @@ LAUNCHES = {
     "tf32x3_linear": 0,
     "linear_silu_mul": 0,
     "linear_qk_rms_norm_rope": 0,
+    "flash_attention": 0,
 }
 
 
