@@ -1,13 +1,14 @@
 """The fused path's GEMM backends on the H200: cuBLAS vs quack (gemm="quack": w1 and its gate as one GEMM, the
-attention's projection with its QK norm and RoPE as another), and quack for w1 alone.
+attention's projection with its QK norm and RoPE as another), quack for w1 alone, and quack with FlashAttention
+4's kernel for the attention (attention="fa4").
 
     PYTHONPATH=. python benchmarks/bench_gemm.py [--repeats 3] [--rounds 4] [--clip-rounds 1]
 
-Needs quack-kernels and NVIDIA's CuTe DSL (the `hopper` extra). In one process: quack's import and first
-builds; each fused GEMM alone at a unit's 28 tiles (M = 50316); one 1344x768 unit through the three decoders
-(the same weights, shared), alternating, `rounds` x `repeats` timings each, with SM clock and power; errors
+Needs quack-kernels, flash-attn-4 and NVIDIA's CuTe DSL (the `hopper` extra). In one process: quack's import
+and first builds; each fused GEMM alone at a unit's 28 tiles (M = 50316); one 1344x768 unit through the four
+decoders (the same weights, shared), alternating, `rounds` x `repeats` timings each, with SM clock and power; errors
 against an fp32 eager decode of the same weights (and the fp16 eager decode's, for scale); the 10 s clip streamed
-through cuBLAS and quack. A table last.
+through cuBLAS, quack and quack + fa4. A table last.
 """
 
 from __future__ import annotations
@@ -129,10 +130,11 @@ def main() -> None:
     torch.cuda.empty_cache()
     cublas = random_released_decoder(cuda).configure(fused=True)
     models = {name: sharing_weights(cublas, gemm="quack") for name in ("quack w1", "quack")}
-    models = {"cublas": cublas, **models}
+    models = {"cublas": cublas, **models, "quack + fa4": sharing_weights(cublas, gemm="quack", attention="fa4")}
     w1_only = models["quack w1"].ops()
     w1_only.linear_qk_rms_norm_rope = lambda x, w, b, *rope: w1_only.qk_rms_norm_rope(F.linear(x, w, b), *rope)
     assert not fused.uses_quack(cublas.ops()) and fused.uses_quack(models["quack"].ops())
+    assert fused.uses_fa4(models["quack + fa4"].ops()) and not fused.uses_fa4(models["quack"].ops())
     eager16 = cublas.decode(z, fused=False)
     timings = {name: [] for name in models}
     outs, peaks, clocks = {}, {}, {name: [] for name in models}
@@ -145,7 +147,7 @@ def main() -> None:
     clip = random_latents(CLIP_SHAPE, seed=2)
     clip_s = {name: [] for name in models}
     for _ in range(args.clip_rounds):
-        for name in ("cublas", "quack"):
+        for name in ("cublas", "quack", "quack + fa4"):
             with ClockSampler() as sampler:
                 clip_s[name].append(stream_seconds(models[name], clip))
             clocks[name].append(sampler.summary)
@@ -170,7 +172,7 @@ def main() -> None:
     base = statistics.median(timings["cublas"])
     ratios = {name: round(statistics.median(timings[name]) / base, 3) for name in models}
     print(f"fp16 eager vs fp32: max {e16[0]:.2e} mean {e16[1]:.2e}; per unit against cublas: {ratios}")
-    for name in ("quack w1", "quack"):
+    for name in ("quack w1", "quack", "quack + fa4"):
         print(f"{name} vs cublas fused: max {errors(outs[name], outs['cublas'])[0]:.2e}")
 
 
