@@ -414,5 +414,5 @@ def test_command_with_gemm_quack_writes_what_the_api_decodes(layouts, tmp_path, 
     err = capsys.readouterr().err
     assert code == 0, err
     assert "quack's GEMMs for w1 and the attention's projection" in err
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack")
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack", attention="sdpa")  # as the command
     assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())
