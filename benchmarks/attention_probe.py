@@ -1,14 +1,15 @@
 """Probe (device only, not part of the suite): FlashAttention 4's Hopper forward (flash-attn-4, CuTe DSL) against
 cuDNN's SDPA at the decoder's attention shape, alone and inside a whole fused decode.
 
-    PYTHONPATH=. python benchmarks/attention_probe.py [--rounds 3] [--repeats 3]
+    PYTHONPATH=. python benchmarks/attention_probe.py [--rounds 3] [--repeats 3] [--tiles]
 
 The decoder's attention: 28 tiles x 1797 tokens, 32 heads of 64, fp16, no mask; q, k, v are strided views of the
 projection's (B, S, H, 3, D) output (gemm="quack"). Alone: each backend's error against float64 attention over
 two tiles, then both timed alternately (median of 10, three times). In a decode: the package with gemm="quack"
 as it is (cuDNN) against the same decoder with the block's SDPA call swapped for flash-attn-4 (this script
 patches `blocks.F`; the package does not do this), alternating, with SM clock and power; errors against an fp32
-eager decode of the same weights. A table last.
+eager decode of the same weights. A table last. --tiles instead times flash-attn-4's tile configs alone
+(through its internal `_flash_attn_fwd`, which takes them), against its default and cuDNN.
 """
 
 from __future__ import annotations
@@ -85,13 +86,60 @@ def attention_alone(cuda):
     return table
 
 
+# (tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap); the first is flash-attn-4's default for D = 64 on SM90.
+TILES = [
+    (192, 128, True, True),
+    (128, 128, True, True),
+    (192, 192, True, True),
+    (128, 192, True, True),
+    (192, 128, False, True),
+    (128, 256, True, True),
+    (192, 160, True, True),
+    (256, 128, True, True),
+    (192, 112, True, True),
+]
+
+
+def tile_sweep(cuda):
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    qkv = torch.randn(B, S, H, 3, D, device=cuda, generator=g).half()
+    q, k, v = qkv.unbind(3)  # (B, S, H, D) strided views, as flash-attn-4 takes them
+    default = None
+    print("| tile (m, n, pv in registers, overlap) | ms, 3 x median of 10 | same bits as the default | MHz |")
+    print("| --- | --- | --- | --- |")
+    for tile in TILES:
+        m, n, rs, overlap = tile
+
+        def call(m=m, n=n, rs=rs, overlap=overlap):
+            return _flash_attn_fwd(q, k, v, tile_mn=(m, n), mma_pv_is_rs=rs, intra_wg_overlap=overlap)[0]
+
+        try:
+            out = call()
+        except Exception as error:  # a tile the kernel does not build
+            print(f"| {tile} | {type(error).__name__}: {str(error)[:80]} | | |", flush=True)
+            continue
+        default = out if default is None else default
+        runs = [timed(call, 10) for _ in range(3)]
+        same = "yes" if torch.equal(out, default) else f"no ({(out - default).abs().max().item():.1e})"
+        ms = [round(t.ms, 3) for t in runs]
+        print(f"| {tile} | {ms} | {same} | {runs[-1].clocks.get('median_sm_mhz')} |", flush=True)
+    t = timed(lambda: cudnn_sdpa(*(x.transpose(1, 2) for x in (q, k, v))), 10)
+    print(f"| cuDNN | {t.ms:.3f} | - | {t.clocks.get('median_sm_mhz')} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiles", action="store_true")
     args = parser.parse_args()
     cuda = torch.device("cuda")
     _quack.load()
+    if args.tiles:
+        tile_sweep(cuda)
+        return
     start = time.perf_counter()
     import flash_attn.cute.interface  # noqa: F401
 
