@@ -27,9 +27,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gemm import commit, errors, sharing_weights  # noqa: E402
-from common import UNIT_SHAPE, random_latents, random_released_decoder, randomize_, run_info, timed  # noqa: E402
+from common import UNIT_SHAPE, fp32_reference, random_latents, random_released_decoder, run_info, timed  # noqa: E402
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks  # noqa: E402
+from minimax_h3_vae import blocks  # noqa: E402
 from minimax_h3_vae.fused import _quack  # noqa: E402
 
 B, S, H, D = 28, 1797, 32, 64
@@ -152,14 +152,8 @@ def main() -> None:
     for key, value in alone.items():
         print(f"  {key}: {value}", flush=True)
 
-    with cuda:
-        fp32 = H3VideoDecoder(H3DecoderConfig())
-    randomize_(fp32.named_parameters(), torch.Generator(device=cuda).manual_seed(0), only=("",))
-    fp32.eval().requires_grad_(False).configure(fused=False)
     z = random_latents(UNIT_SHAPE, seed=1)
-    reference = fp32.decode(z)
-    del fp32
-    torch.cuda.empty_cache()
+    reference = fp32_reference(z)
     model = sharing_weights(random_released_decoder(cuda).configure(fused=True), gemm="quack")
 
     torch_f = blocks.F

@@ -26,10 +26,18 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_decoder, randomize_, run_info, timed  # noqa: E402
+from common import (  # noqa: E402
+    CLIP_SHAPE,
+    UNIT_SHAPE,
+    fp32_reference,
+    random_latents,
+    random_released_decoder,
+    run_info,
+    timed,
+)
 from gpu_clocks import ClockSampler  # noqa: E402
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, fused  # noqa: E402
+from minimax_h3_vae import H3VideoDecoder, fused  # noqa: E402
 
 
 def commit() -> str:
@@ -120,14 +128,8 @@ def main() -> None:
 
     # The unit: the same weights in fp32 (the reference), fp16 cuBLAS-fused, fp16 with quack for w1 only (the
     # attention's projection on cuBLAS + the Triton QK norm), and fp16 with both quack GEMMs.
-    with cuda:
-        fp32 = H3VideoDecoder(H3DecoderConfig())
-    randomize_(fp32.named_parameters(), torch.Generator(device=cuda).manual_seed(0), only=("",))
-    fp32.eval().requires_grad_(False).configure(fused=False)
     z = random_latents(UNIT_SHAPE, seed=1)
-    reference = fp32.decode(z)
-    del fp32
-    torch.cuda.empty_cache()
+    reference = fp32_reference(z)
     cublas = random_released_decoder(cuda).configure(fused=True)
     models = {name: sharing_weights(cublas, gemm="quack") for name in ("quack w1", "quack")}
     models = {"cublas": cublas, **models, "quack + fa4": sharing_weights(cublas, gemm="quack", attention="fa4")}

@@ -49,6 +49,19 @@ def random_released_decoder(device: torch.device, seed: int = 0) -> H3VideoDecod
     return model.to_release_fp16().eval().requires_grad_(False)
 
 
+def fp32_reference(z: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """The eager fp32 decode of `z` by `random_released_decoder(seed)`'s weights before their fp16 cast: the
+    reference the fused paths' errors are measured against. The fp32 model is freed before returning."""
+    device = z.device
+    with device:
+        model = H3VideoDecoder(H3DecoderConfig())
+    randomize_(model.named_parameters(), torch.Generator(device=device).manual_seed(seed), only=("",))
+    reference = model.eval().requires_grad_(False).configure(fused=False).decode(z)
+    del model
+    torch.cuda.empty_cache()
+    return reference
+
+
 def random_released_vae(seed: int = 0):
     """diffusers' AutoencoderKLMiniMaxH3 at the released size on CUDA, decoder weights random, fp32."""
     from diffusers import AutoencoderKLMiniMaxH3

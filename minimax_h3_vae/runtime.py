@@ -254,16 +254,12 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: boo
     CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
     ValueError naming what is missing. Nothing is imported here: quack's import (11-17 s on an H200) happens
     at load, beside the weights."""
-    if gemm not in ("auto", *GEMM_BACKENDS):
-        raise ValueError(f"gemm must be 'auto', 'cublas' or 'quack', got {gemm!r}")
-    if gemm == "cublas":
-        return gemm
-    missing = _quack_problem(device, dtype, fused)
-    if missing is None:
-        return "quack"
-    if gemm == "quack":
-        raise ValueError(f"gemm 'quack' {missing}; or choose the 'cublas' GEMMs")
-    return "cublas"
+    from .fused import _quack  # where quack runs; importing it imports no quack
+
+    def problem():
+        return _hopper_problem(device, dtype, fused, "GEMMs", _quack.installed, "quack-kernels and NVIDIA's CuTe DSL")
+
+    return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
 
 
 def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
@@ -271,34 +267,34 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, 
     Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
     picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
     missing. Nothing is imported here (flash-attn-4 imports quack: 11-17 s), only at load."""
-    if attention not in ("auto", *ATTENTION_KERNELS):
-        raise ValueError(f"attention must be 'auto', 'sdpa' or 'fa4', got {attention!r}")
-    if attention == "sdpa":
-        return attention
-    missing = _hopper_problem(device, dtype, fused, "attention")
+    from .fused import flash_attention  # imports no flash-attn-4
+
+    def problem():
+        needs = "flash-attn-4, quack-kernels and NVIDIA's CuTe DSL"
+        return _hopper_problem(device, dtype, fused, "attention", flash_attention.installed, needs)
+
+    return _choose("attention", attention, ATTENTION_KERNELS, problem, "'sdpa'")
+
+
+def _choose(name: str, value: str, kernels: tuple[str, str], problem, way_out: str) -> str:
+    """The option `name`'s kernel: `kernels` is (the default one, the Hopper one). "auto" takes the Hopper one
+    unless `problem()` says why it cannot run; asking for it then is a ValueError naming why and `way_out`."""
+    default, hopper = kernels
+    if value not in ("auto", *kernels):
+        raise ValueError(f"{name} must be 'auto', '{default}' or '{hopper}', got {value!r}")
+    if value == default:
+        return default
+    missing = problem()
     if missing is None:
-        from .fused import _quack, flash_attention  # these import no quack and no flash-attn-4
-
-        if not flash_attention.installed():
-            missing = f"needs flash-attn-4, quack-kernels and NVIDIA's CuTe DSL: {_quack.INSTALL}"
-    if missing is None:
-        return "fa4"
-    if attention == "fa4":
-        raise ValueError(f"attention 'fa4' {missing}; or choose 'sdpa'")
-    return "sdpa"
+        return hopper
+    if value == hopper:
+        raise ValueError(f"{name} '{hopper}' {missing}; or choose {way_out}")
+    return default
 
 
-def _quack_problem(device: torch.device, dtype: torch.dtype, fused: bool) -> str | None:
-    from .fused import _quack as quack  # where quack runs; importing it imports no quack
-
-    missing = _hopper_problem(device, dtype, fused, "GEMMs")
-    if missing is None and not quack.installed():
-        missing = f"needs quack-kernels and NVIDIA's CuTe DSL: {quack.INSTALL}"
-    return missing
-
-
-def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what: str) -> str | None:
-    """Why the `hopper` extra's kernels cannot run the recipe's `what` with these settings (installs aside)."""
+def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what: str, installed, needs: str):
+    """Why the `hopper` extra's kernel for the recipe's `what` cannot run with these settings (`installed()`:
+    whether what it needs is installed, named `needs`), or None."""
     from .fused import _quack as quack
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
@@ -307,6 +303,8 @@ def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what:
         return f"runs the fp16 recipe's {what}, not fp32: choose fp16"
     if not fused:
         return "runs on the fused path, not the eager one: turn the fused path on"
+    if not installed():
+        return f"needs {needs}: {quack.INSTALL}"
     return None
 
 

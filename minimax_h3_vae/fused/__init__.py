@@ -96,8 +96,7 @@ def _model_calls(
             c.norm_eps,
         )
     if attention == "fa4":  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
-        head_dim = c.dim // c.num_heads
-        qkv = zeros(1, 2, c.num_heads, 3, head_dim, dtype=dtype).transpose(1, 2)
+        qkv = zeros(1, 2, c.num_heads, 3, c.head_dim, dtype=dtype).transpose(1, 2)
         calls["attention"] = tuple(qkv.unbind(3))
     return calls
 
@@ -120,13 +119,17 @@ def warm_up(
 
 def uses_quack(ops: SimpleNamespace) -> bool:
     """Whether `ops` (from select_ops) run any GEMM on quack."""
-    modules = {name: getattr(getattr(ops, name), "__module__", None) for name in QUACK_KERNELS}
-    return any(modules[name] == f"{__name__}.{module}" for name, module in QUACK_KERNELS.items())
+    return _runs_any(ops, QUACK_KERNELS)
 
 
 def uses_fa4(ops: SimpleNamespace) -> bool:
     """Whether `ops` (from select_ops) run the attention on flash-attn-4."""
-    return getattr(ops.attention, "__module__", None) == f"{__name__}.{FA4_KERNELS['attention']}"
+    return _runs_any(ops, FA4_KERNELS)
+
+
+def _runs_any(ops: SimpleNamespace, kernels: dict[str, str]) -> bool:
+    """Whether any op named in `kernels` (op -> module) is that module's launcher."""
+    return any(getattr(getattr(ops, name), "__module__", None) == f"{__name__}.{m}" for name, m in kernels.items())
 
 
 def _after_cublas(name: str, then):

@@ -54,8 +54,10 @@ def gemm_config():
     return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)
 
 
+@functools.cache
 def import_problem() -> str | None:
-    """Why quack cannot be used here, or None once it is imported."""
+    """Why quack cannot be used here, or None once it is imported. Decided once per process: every launch asks,
+    and looking for the install scans the import path (~65 us)."""
     if not installed():
         return f"quack-kernels and nvidia-cutlass-dsl are not installed ({INSTALL})"
     try:

@@ -47,8 +47,10 @@ def _flash_attn_func():
     return importlib.import_module("flash_attn.cute.interface").flash_attn_func
 
 
+@functools.cache
 def import_problem() -> str | None:
-    """Why flash-attn-4 cannot be used here, or None once it is imported."""
+    """Why flash-attn-4 cannot be used here, or None once it is imported. Decided once per process: every launch
+    asks, and looking for the install reads the installed distributions (~110 us)."""
     if not installed():
         return f"flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed ({_quack.INSTALL})"
     try:
