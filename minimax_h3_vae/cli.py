@@ -374,7 +374,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     path = (
         "eager" if not kernels else "fused" if kernels == len(fused.FUSED_OPS) else f"{kernels} fused, the other eager"
     )
-    path += ", quack's GEMMs for w1 and the attention's projection" if fused.uses_quack(ops) else ""
+    path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(ops) else ""
     path += ", FlashAttention 4" if fused.uses_fa4(ops) else ""
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""

@@ -50,6 +50,7 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
         "tf32x3_linear": 2,
         "linear_silu_mul": 0,  # quack's, for gemm="quack" only
         "linear_qk_rms_norm_rope": 0,
+        "fp16x3_linear": 0,
         "flash_attention": 0,  # flash-attn-4's, for attention="fa4" only
     }
     # fp32 throughout; the kernels sum in another order (and use rsqrt.approx on the GPU): ~1e-7 relative

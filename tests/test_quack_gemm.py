@@ -110,14 +110,16 @@ def test_contract_is_checked_before_quack_is_touched():
 
 
 def test_select_ops_without_quack_here_keeps_cublas_and_the_ops_after_it(recwarn):
-    """Asked for quack where it cannot run (here: the CPU), select_ops warns, naming both GEMMs, and each runs
-    as torch's linear followed by its op (the gate; the QK norm and RoPE), so the decode is the cuBLAS path's."""
+    """Asked for quack where it cannot run (here: the CPU), select_ops warns, naming the three GEMMs, and each
+    runs as on the cuBLAS path: torch's linear followed by its op (the gate; the QK norm and RoPE), and proj_out
+    as the Triton tf32x3_linear (interpreted here)."""
     config = H3DecoderConfig(num_layers=1, num_heads=2)
     ops = fused.select_ops(config, torch.device("cpu"), torch.float32, "quack")
     messages = " ".join(str(w.message) for w in recwarn)
     assert "torch's linear and the silu_mul op run instead" in messages
     assert "torch's linear and the qk_rms_norm_rope op run instead" in messages
-    assert not fused.uses_quack(ops)
+    assert "fp16x3_linear (the tensors must be on one CUDA device; the tf32x3_linear kernel runs instead)" in messages
+    assert not fused.uses_quack(ops) and ops.linear_fp32.__module__.endswith(".tf32x3_linear")
     x = torch.randn(3, 5, config.dim)
     weight, bias = torch.randn(2 * config.ffn_dim, config.dim), torch.randn(2 * config.ffn_dim)
     assert torch.equal(ops.linear_silu_mul(x, weight, bias), ops.silu_mul(F.linear(x, weight, bias)))
@@ -384,6 +386,8 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
     assert launches["quack"]["linear_silu_mul"] % layers == 0 and launches["quack"]["silu_mul"] == 0
     assert launches["quack"]["linear_qk_rms_norm_rope"] == launches["cublas"]["qk_rms_norm_rope"] > 0
     assert launches["quack"]["qk_rms_norm_rope"] == 0
+    assert launches["quack"]["fp16x3_linear"] == launches["cublas"]["tf32x3_linear"] > 0
+    assert launches["quack"]["tf32x3_linear"] == 0
     errors = {gemm: (out - reference).abs() for gemm, out in outs.items()}
     assert errors["quack"].mean() <= errors["cublas"].mean() * 1.1
     assert errors["quack"].max() <= errors["cublas"].max() * 1.5
@@ -397,7 +401,8 @@ def test_load_builds_quack_beside_the_weights(layouts):
     before = fused.launch_counts()
     H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
     after = fused.launch_counts()
-    assert {name: after[name] - before[name] for name in fused.QUACK_KERNELS} == dict.fromkeys(fused.QUACK_KERNELS, 1)
+    kernels = fused.QUACK_KERNELS.values()  # each counts its launches under its module's name
+    assert {name: after[name] - before[name] for name in kernels} == dict.fromkeys(kernels, 1)
 
 
 @needs_quack
@@ -413,6 +418,6 @@ def test_command_with_gemm_quack_writes_what_the_api_decodes(layouts, tmp_path, 
     code = cli.main([str(latents), str(out), "--model", str(layouts["original"]), "--raw-latents", "--gemm", "quack"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "quack's GEMMs for w1 and the attention's projection" in err
+    assert "quack's GEMMs for w1, the attention's projection and proj_out" in err
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack", attention="sdpa")  # as the command
     assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())

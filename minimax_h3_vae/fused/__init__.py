@@ -1,6 +1,7 @@
 """Triton kernels for the decoder's pointwise ops and its float32 output projection; (gemm="quack") quack's
-GEMMs for w1 with the gate, and for the attention's projection with the QK norm and RoPE, in their
-epilogues; (attention="fa4") FlashAttention 4's Hopper kernel for the attention.
+GEMMs for w1 with the gate and for the attention's projection with the QK norm and RoPE, in their epilogues,
+and for the output projection over split fp16 operands; (attention="fa4") FlashAttention 4's Hopper kernel
+for the attention.
 
 `select_ops(config, device, dtype, gemm, attention)` builds a model's ops once: for each op, the kernel's launcher when
 the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
@@ -34,20 +35,30 @@ KERNELS = {
     "silu_mul": "silu_mul",
     "linear_fp32": "tf32x3_linear",
 }
-# gemm="quack": the ops whose GEMM quack runs -> their modules. With cuBLAS each is torch's linear followed
-# by the kernel (or eager op) named here.
-QUACK_KERNELS = {"linear_silu_mul": "linear_silu_mul", "linear_qk_rms_norm_rope": "linear_qk_rms_norm_rope"}
+# gemm="quack": the ops whose GEMM quack runs -> their modules. Where one cannot run, w1's and the projection's
+# op are torch's (cuBLAS) linear followed by the kernel (or eager op) named in AFTER_CUBLAS, and proj_out is
+# the kernel of KERNELS.
+QUACK_KERNELS = {
+    "linear_silu_mul": "linear_silu_mul",
+    "linear_qk_rms_norm_rope": "linear_qk_rms_norm_rope",
+    "linear_fp32": "fp16x3_linear",
+}
 AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rms_norm_rope"}
 # attention="fa4": the attention op -> its module (else SDPA, the eager op).
 FA4_KERNELS = {"attention": "flash_attention"}
+# What runs when none of an op's kernels can (the warning says so); any other op: the eager one.
+INSTEAD = {
+    **{name: f"torch's linear and the {then} op run instead" for name, then in AFTER_CUBLAS.items()},
+    "attention": "torch's SDPA runs instead",
+}
 # The ops the fused path runs as kernels wherever they can (the attention is SDPA on both paths, unless fa4).
 FUSED_OPS = (*KERNELS, *AFTER_CUBLAS)
 
 
 def launch_counts() -> dict[str, int]:
-    """Kernel launches since import, per kernel: 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope',
-    'silu_mul', 'tf32x3_linear', quack's 'linear_silu_mul' and 'linear_qk_rms_norm_rope', and
-    flash-attn-4's 'flash_attention'."""
+    """Kernel launches since import, per kernel (its module's name): 'rms_norm', 'scale_add_rms_norm',
+    'qk_rms_norm_rope', 'silu_mul', 'tf32x3_linear', quack's 'linear_silu_mul', 'linear_qk_rms_norm_rope' and
+    'fp16x3_linear', and flash-attn-4's 'flash_attention'."""
     return dict(LAUNCHES)
 
 
@@ -132,6 +143,12 @@ def _runs_any(ops: SimpleNamespace, kernels: dict[str, str]) -> bool:
     return any(getattr(getattr(ops, name), "__module__", None) == f"{__name__}.{m}" for name, m in kernels.items())
 
 
+def _candidates(name: str, gemm: str, attention: str) -> list[str]:
+    """The modules whose kernel may run op `name`, the preferred first."""
+    chosen = [QUACK_KERNELS if gemm == "quack" else {}, FA4_KERNELS if attention == "fa4" else {}, KERNELS]
+    return [table[name] for table in chosen if name in table]
+
+
 def _after_cublas(name: str, then):
     """The eager op `name` (blocks.linear_silu_mul or blocks.linear_qk_rms_norm_rope) with `then` after torch's
     (cuBLAS) linear in place of the eager op it calls."""
@@ -151,28 +168,27 @@ def select_ops(
 ) -> SimpleNamespace:
     """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
     can run there, else the eager op (and one warning naming those kernels and why). gemm: "quack" takes
-    quack's GEMMs for w1 and its gate and for the attention's projection with its QK norm and RoPE where they
-    run (this imports quack); "cublas" torch's linear followed by the gate's and the norm's kernels.
+    quack's GEMMs for w1 and its gate, for the attention's projection with its QK norm and RoPE, and for
+    proj_out (fp16x3_linear) where they run (this imports quack); "cublas" torch's linear followed by the gate's
+    and the norm's kernels, and proj_out as tf32x3_linear.
     attention: "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's
     SDPA (the eager op)."""
-    kernels = {**KERNELS, **(QUACK_KERNELS if gemm == "quack" else {}), **(FA4_KERNELS if attention == "fa4" else {})}
     ops, left_out = {"attention": blocks.EAGER_OPS.attention}, []
     for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
-        module = kernels[name]
         # The device test comes first so that a kernel that cannot launch here is never defined.
         problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
-        if problem is None:
-            kernel = importlib.import_module(f"{__name__}.{module}")
-            problem = kernel.unsupported(*args)
-        if problem is None:
-            ops[name] = getattr(kernel, name)
-        elif name in QUACK_KERNELS:  # falls back to torch's linear and the op after it, below
-            left_out.append(f"{module} ({problem}; torch's linear and the {AFTER_CUBLAS[name]} op run instead)")
-        elif name in FA4_KERNELS:  # stays torch's SDPA
-            left_out.append(f"{module} ({problem}; torch's SDPA runs instead)")
-        else:
+        tried, chosen = [], None
+        for module in _candidates(name, gemm, attention):
+            kernel = None if problem else importlib.import_module(f"{__name__}.{module}")
+            why = problem or kernel.unsupported(*args)
+            if why is None:
+                chosen, ops[name] = module, getattr(kernel, name)
+                break
+            tried.append((module, why))
+        instead = f"the {chosen} kernel runs instead" if chosen else INSTEAD.get(name, "the eager op runs instead")
+        left_out += [f"{module} ({why}; {instead})" for module, why in tried]
+        if chosen is None and name not in AFTER_CUBLAS:
             ops[name] = getattr(blocks.EAGER_OPS, name)
-            left_out.append(f"{module} ({problem}; the eager op runs instead)")
     for name, then in AFTER_CUBLAS.items():
         if name not in ops:
             eager = getattr(blocks.EAGER_OPS, then) is ops[then]

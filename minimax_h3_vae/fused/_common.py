@@ -25,6 +25,7 @@ LAUNCHES = {
     "qk_rms_norm_rope": 0,
     "silu_mul": 0,
     "tf32x3_linear": 0,
+    "fp16x3_linear": 0,
     "linear_silu_mul": 0,
     "linear_qk_rms_norm_rope": 0,
     "flash_attention": 0,

@@ -67,11 +67,12 @@ def import_problem() -> str | None:
     return None
 
 
-def tensors_problem(tensors: list[torch.Tensor]) -> str | None:
-    """Why these GEMM operands cannot go to quack (dtype, device, alignment), or None. Imports nothing."""
-    if any(t.dtype != tensors[0].dtype for t in tensors) or tensors[0].dtype not in DTYPES:
+def tensors_problem(tensors: list[torch.Tensor], dtypes: tuple[torch.dtype, ...] = DTYPES) -> str | None:
+    """Why these GEMM operands cannot go to quack (dtype: one of `dtypes`, device, alignment), or None. Imports
+    nothing."""
+    if any(t.dtype != tensors[0].dtype for t in tensors) or tensors[0].dtype not in dtypes:
         got = sorted({str(t.dtype) for t in tensors})
-        return f"the tensors must share one of {[str(d) for d in DTYPES]}, got {got}"
+        return f"the tensors must share one of {[str(d) for d in dtypes]}, got {got}"
     if any(t.device.type != "cuda" for t in tensors) or len({t.device for t in tensors}) != 1:
         return "the tensors must be on one CUDA device"
     if torch.cuda.get_device_capability(tensors[0].device) != HOPPER:
