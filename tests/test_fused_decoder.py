@@ -122,7 +122,7 @@ def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
     )
     after = fused.launch_counts()
     # quack's run for gemm="quack" only, flash-attn-4's for attention="fa4" only
-    quack = ("linear_silu_mul", "linear_qk_rms_norm_rope", "flash_attention")
+    quack = (*fused.QUACK_KERNELS.values(), *fused.FA4_KERNELS.values())
     assert {name: after[name] - before[name] for name in after} == {name: int(name not in quack) for name in after}
     ops = decoder.ops()
     assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
