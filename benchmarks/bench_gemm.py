@@ -1,6 +1,7 @@
 """The fused path's GEMM backends on the H200: cuBLAS vs quack (gemm="quack": w1 and its gate as one GEMM, the
-attention's projection with its QK norm and RoPE as another), quack for w1 alone, and quack with FlashAttention
-4's kernel for the attention (attention="fa4").
+attention's projection with its QK norm and RoPE as another, proj_out over split fp16 operands as a third),
+quack without the projection's GEMM ("quack w1"), and quack with FlashAttention 4's kernel for the attention
+(attention="fa4").
 
     PYTHONPATH=. python benchmarks/bench_gemm.py [--repeats 3] [--rounds 4] [--clip-rounds 1]
 
