@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemm import commit, sharing_weights  # noqa: E402
 from common import UNIT_SHAPE, random_latents, random_released_decoder, run_info  # noqa: E402
 
+from minimax_h3_vae import fused  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -30,6 +32,9 @@ def main() -> None:
     cuda = torch.device("cuda")
     base = random_released_decoder(cuda).configure(fused=True)
     decoder = sharing_weights(base, gemm=args.gemm, attention=args.attention)
+    ops = decoder.ops()
+    gemm, attention = "quack" if fused.uses_quack(ops) else "cublas", "fa4" if fused.uses_fa4(ops) else "sdpa"
+    print(f"runs: gemm {gemm}, attention {attention}")
     z = random_latents(UNIT_SHAPE, seed=1)
     for _ in range(2):
         decoder.decode(z)
