@@ -140,7 +140,7 @@ def _epilogue():
         ops={"bias": RowVecLoad("bias"), "col_scale": RowVecLoad("col_scale"), "row_scale": ColVecLoad("row_scale")}
     )
     def unscale(acc, bias, col_scale, row_scale):
-        # Two products by powers of two: exact, and neither can overflow where the result does not.
+        # Both scales are powers of two, so both products are exact.
         return {"D": acc * row_scale * col_scale + bias}
 
     return unscale
