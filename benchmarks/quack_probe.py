@@ -1,8 +1,12 @@
 """Probe (device only, not part of the suite): the residual add and the norm after it in quack's epilogue,
-and tile configs for the attention projection's epilogue (fused/linear_qk_rms_norm_rope.py) and for w1's gated
-GEMM (fused/linear_silu_mul.py).
+tile configs for the attention projection's epilogue (fused/linear_qk_rms_norm_rope.py) and for w1's gated
+GEMM (fused/linear_silu_mul.py), and to_out and w2 on quack (plain GEMM + bias).
 
-    PYTHONPATH=. python benchmarks/quack_probe.py [residual|qkv|w1]
+    PYTHONPATH=. python benchmarks/quack_probe.py [residual|qkv|w1|out]
+
+out: to_out (2048 -> 2048) and w2 (8192 -> 2048) alone at M = 28 x 1797 in quack tile configs against cuBLAS,
+then a quack + fa4 decode with both on quack (this script swaps the two modules' forward; the package does
+not) against the shipped one, alternating, with clocks and the error against an fp32 eager decode.
 
 What the fused path does after to_out and w2 today: cuBLAS writes the fp16 branch y, then the Triton
 `scale_add_rms_norm` reads the float32 residual and y, writes the residual back and the next block's fp16
@@ -248,8 +252,107 @@ def residual_configs(cuda: torch.device) -> None:
         )
 
 
+def bias_epilogue():
+    """D = acc + bias, through quack's epilogue frontend (which takes a tile config)."""
+    from quack.epilogue.frontend import gemm_epilogue
+    from quack.epilogue.ops import RowVecLoad
+
+    @gemm_epilogue(ops={"bias": RowVecLoad("bias")})
+    def plus_bias(acc, bias):
+        return {"D": acc + bias}
+
+    return plus_bias
+
+
+def quack_linear(x, weight, bias, config):
+    """F.linear(x, weight, bias) on quack: config None takes quack's own heuristic (`gemm`)."""
+    from quack.gemm_interface import gemm
+
+    rows = x.reshape(-1, x.shape[-1])
+    if config is None:
+        out = gemm(rows, weight.T, bias=bias, tuned=False)
+    else:
+        out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        bias_epilogue()(rows, weight.T, out={"D": out}, config=config, tuned=False, bias=bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def out_configs(cuda: torch.device) -> None:
+    import statistics
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_gemm import errors, sharing_weights
+    from common import UNIT_SHAPE, fp32_reference, random_latents, random_released_decoder
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    configs = {
+        "quack's heuristic": None,
+        "128x192 c1x2 pingpong (the package's)": tile(128, 192, 1, 2, True),
+        "128x192 c2x1 pingpong": tile(128, 192, 2, 1, True),
+        "128x256 c1x1 coop": tile(128, 256, 1, 1, False),
+        "256x128 c2x1 coop": tile(256, 128, 2, 1, False),
+        "128x128 c2x1 pingpong": tile(128, 128, 2, 1, True),
+    }
+    for name, k in (("to_out", 2048), ("w2", 8192)):
+        x = torch.randn(28 * 1797, k, device=cuda, generator=g).half()
+        w = (0.02 * torch.randn(2048, k, device=cuda, generator=g)).half()
+        b = (0.02 * torch.randn(2048, device=cuda, generator=g)).half()
+        cublas = F.linear(x, w, b)
+        for label, config in configs.items():
+            try:
+                same = torch.equal(quack_linear(x, w, b, config), cublas)
+            except Exception as error:  # a config quack refuses: say so, go on
+                print(f"{name} {label}: {type(error).__name__}: {str(error)[:200]}")
+                continue
+            ms = [
+                (
+                    round(timed(lambda x=x, w=w, b=b: F.linear(x, w, b), 10).ms, 3),
+                    round(timed(lambda x=x, w=w, b=b, c=config: quack_linear(x, w, b, c), 10).ms, 3),
+                )
+                for _ in range(2)
+            ]
+            print(f"| {name} | {label} | (cuBLAS, quack) {ms} | bits equal cuBLAS's: {same} |", flush=True)
+
+    z = random_latents(UNIT_SHAPE, seed=1)
+    reference = fp32_reference(z)
+    base = random_released_decoder(cuda).configure(fused=True)
+    models = {
+        "quack + fa4": sharing_weights(base, gemm="quack", attention="fa4"),
+        "+ to_out, w2 on quack 128x192 c1x2": sharing_weights(base, gemm="quack", attention="fa4"),
+        "+ to_out, w2 on quack's heuristic": sharing_weights(base, gemm="quack", attention="fa4"),
+    }
+    for label, config in (
+        ("+ to_out, w2 on quack 128x192 c1x2", configs["128x192 c1x2 pingpong (the package's)"]),
+        ("+ to_out, w2 on quack's heuristic", None),
+    ):
+        for block in models[label].decoder.transformer_blocks:
+            for linear in (block.attn.to_out, block.ff.w2):
+                linear.forward = lambda x, linear=linear, config=config: quack_linear(
+                    x, linear.weight, linear.bias, config
+                )
+    ms, outs, clocks = {n: [] for n in models}, {}, {n: [] for n in models}
+    for _ in range(3):
+        for label, model in models.items():
+            t = timed(lambda model=model: model.decode(z), 3)
+            ms[label].append(round(t.ms, 1))
+            outs[label] = t.out
+            clocks[label].append(f"{t.clocks.get('median_sm_mhz', '?')} MHz/{t.clocks.get('median_power_w', '?')} W")
+    first = statistics.median(ms["quack + fa4"])
+    print(
+        "\n| decoder | ms per unit | rounds | vs quack + fa4 | max abs err | mean abs err | diff vs quack + fa4 "
+        "| clocks |"
+    )
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    for label in models:
+        unit = statistics.median(ms[label])
+        err = errors(outs[label], reference)
+        diff = errors(outs[label], outs["quack + fa4"])[0]
+        row = f"| {label} | {unit:.1f} | {ms[label]} | {unit / first:.3f} | {err[0]:.2e} | {err[1]:.2e}"
+        print(f"{row} | {diff:.2e} | {clocks[label]} |")
+
+
 def main() -> None:
-    probes = {"residual": residual_configs, "qkv": qkv_configs, "w1": w1_configs}
+    probes = {"residual": residual_configs, "qkv": qkv_configs, "w1": w1_configs, "out": out_configs}
     name = sys.argv[1] if len(sys.argv) > 1 else "residual"
     if name not in probes:
         raise SystemExit(f"usage: quack_probe.py [{'|'.join(probes)}]")
