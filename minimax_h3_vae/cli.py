@@ -141,15 +141,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--gemm",
         choices=("auto", "cublas", "quack"),
         default="cublas",
-        help="block GEMMs of the fused fp16 path: cublas (default: importing quack takes 11-17 s, more than it "
-        "saves on one clip), quack (Hopper, the hopper extra; ~5%% faster per unit) or auto (quack where it runs)",
+        help="GEMMs of the fused fp16 path: cublas (default: importing quack takes 8-17 s, more than it "
+        "saves on one clip), quack (Hopper, the hopper extra; ~7%% faster per unit) or auto (quack where it runs)",
     )
     parser.add_argument(
         "--attention",
         choices=("auto", "sdpa", "fa4"),
         default="sdpa",
-        help="attention of the fused fp16 path: sdpa (default: torch's; FlashAttention 4 imports quack, 11-17 s), "
-        "fa4 (Hopper, the hopper extra; ~3%% faster per unit) or auto (fa4 where it runs)",
+        help="attention of the fused fp16 path: sdpa (default: torch's; FlashAttention 4 imports quack, 8-17 s), "
+        "fa4 (Hopper, the hopper extra; ~4%% faster per unit) or auto (fa4 where it runs)",
     )
     parser.add_argument(
         "--offload",

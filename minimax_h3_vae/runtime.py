@@ -252,7 +252,7 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: boo
     """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
     recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
     CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
-    ValueError naming what is missing. Nothing is imported here: quack's import (11-17 s on an H200) happens
+    ValueError naming what is missing. Nothing is imported here: quack's import (8-17 s on an H200) happens
     at load, beside the weights."""
     from .fused import _quack  # where quack runs; importing it imports no quack
 
@@ -266,7 +266,7 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, 
     """The fused path's attention. "fa4" runs where every part of it can: the fused path, the fp16 recipe, a
     Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
     picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
-    missing. Nothing is imported here (flash-attn-4 imports quack: 11-17 s), only at load."""
+    missing. Nothing is imported here (flash-attn-4 imports quack: 8-17 s), only at load."""
     from .fused import flash_attention  # imports no flash-attn-4
 
     def problem():

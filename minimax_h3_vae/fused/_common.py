@@ -89,6 +89,24 @@ def as_rows(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+def linear_fp32_problem(x, weight, bias) -> str | None:
+    """What keeps `(x, weight, bias)` from being a float32 Linear both proj_out kernels take (types, dtype,
+    shapes, a contiguous last dim with one row stride for x, the bias's shape), or None. Device and
+    alignment are each kernel's own checks."""
+    tensors = [t for t in (x, weight, bias) if t is not None]
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "x, weight and bias must be tensors"
+    if any(t.dtype != torch.float32 for t in tensors):
+        return "x, weight and bias must be float32"
+    if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        return f"shapes {tuple(x.shape)} and {tuple(weight.shape)} do not make a Linear"
+    if as_rows(x) is None or weight.stride(-1) != 1:
+        return "x and weight must have a contiguous last dim, and x's leading dims must flatten into one row stride"
+    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
+        return f"bias must be contiguous with shape ({weight.shape[0]},), got {tuple(bias.shape)}"
+    return None
+
+
 def row_vector_problem(name: str, t, length: int) -> str | None:
     """A per-channel parameter: float32, shape (length,), contiguous."""
     if not isinstance(t, torch.Tensor):

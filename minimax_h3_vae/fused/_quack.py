@@ -1,8 +1,8 @@
 """Where quack's GEMMs run, how to install them, and importing quack. Imports no quack itself.
 
-quack-kernels (Tri Dao's CuTe-DSL kernel library) runs the block GEMMs of gemm="quack" with work in their
-epilogues (linear_silu_mul.py, linear_qk_rms_norm_rope.py). Importing it costs 11-17 s, so this module only
-looks for it until a launcher asks for it.
+quack-kernels (Tri Dao's CuTe-DSL kernel library) runs the GEMMs of gemm="quack" with work in their epilogues
+(linear_silu_mul.py, linear_qk_rms_norm_rope.py, fp16x3_linear.py). Importing it costs 8-17 s, so this module
+only looks for it until a launcher asks for it.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def load() -> None:
 
 @functools.cache
 def gemm_config():
-    """The tile both GEMMs run with: quack's Hopper default (128 x 192, pingpong) in clusters of two along N
-    instead of M. Alone, each GEMM was 2-9% faster so in a probe, with the same bits; in a whole decode the
-    difference was within run-to-run noise (benchmarks/RESULTS.md, runs 19-20). linear_qk_rms_norm_rope
-    relies on the 192 columns (TILE_N)."""
+    """The tile the package's quack GEMMs run with: quack's Hopper default (128 x 192, pingpong) in clusters of
+    two along N instead of M. Alone, w1's and the projection's GEMMs were 2-9% faster so in a probe, with the
+    same bits; in a whole decode the difference was within run-to-run noise (benchmarks/RESULTS.md, runs
+    19-20). linear_qk_rms_norm_rope relies on the 192 columns (TILE_N)."""
     from quack.gemm_config import GemmConfig
 
     return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)

@@ -9,7 +9,7 @@ float32, the probabilities rounded to the input dtype before the second matmul, 
 It reads q, k and v in place (strided views of the projection's output are fine) and writes (B, S, H, D)
 contiguous, the layout the block reshapes to (B, S, H * D) without a copy.
 
-flash-attn-4 imports quack and the CuTe DSL (11-17 s in a fresh process) and builds its kernel on the first
+flash-attn-4 imports quack and the CuTe DSL (8-17 s in a fresh process) and builds its kernel on the first
 call of a shape class (~2 s); the decoder does both at load (`fused.warm_up`).
 """
 

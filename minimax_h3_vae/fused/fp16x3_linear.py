@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..blocks import linear_fp32 as linear_fp32_reference
-from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem
+from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem, linear_fp32_problem
 from ._quack import ALIGN, gemm_config, import_problem, tensors_problem
 from ._triton_utils import row_tiling
 
@@ -148,25 +148,13 @@ def _epilogue():
 
 def unsupported(x, weight, bias) -> str | None:
     """Why `linear_fp32(x, weight, bias)` is outside the kernel's contract, or None (this imports quack)."""
-    if not all(isinstance(t, torch.Tensor) for t in (x, weight)) or not (
-        bias is None or isinstance(bias, torch.Tensor)
-    ):
-        return "x and weight must be tensors, bias a tensor or None"
     tensors = [t for t in (x, weight, bias) if t is not None]
-    if any(t.dtype != torch.float32 for t in tensors):
-        return "x, weight and bias must be float32"
-    problem = tensors_problem(tensors, dtypes=(torch.float32,))
+    problem = linear_fp32_problem(x, weight, bias) or tensors_problem(tensors, dtypes=(torch.float32,))
     if problem:
         return problem
-    if x.dim() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
-        return f"shapes {tuple(x.shape)} and {tuple(weight.shape)} do not make a Linear"
     (n, k), align = weight.shape, ALIGN // 2  # float32 output rows: 16 bytes are 4 elements
     if k % ALIGN or n % align or k > MAX_ROW_WIDTH:
         return f"K must be a multiple of {ALIGN} up to {MAX_ROW_WIDTH} and N a multiple of {align}, got K={k}, N={n}"
-    if as_rows(x) is None or weight.stride(-1) != 1:
-        return "x and weight must have a contiguous last dim, and x's leading dims must flatten into one row stride"
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        return f"bias must be contiguous with shape ({n},), got {tuple(bias.shape)}"
     return grad_problem(tensors) or import_problem()
 
 

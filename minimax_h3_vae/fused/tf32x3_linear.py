@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..blocks import linear_fp32 as linear_fp32_reference
-from ._common import as_rows, count_launch, device_problem, grad_problem
+from ._common import as_rows, count_launch, device_problem, grad_problem, linear_fp32_problem
 from ._triton_utils import built_for_interpreter
 
 __all__ = ["linear_fp32", "linear_fp32_reference", "unsupported"]
@@ -70,17 +70,10 @@ def _linear_tf32x3_kernel(
 
 def unsupported(x, weight, bias) -> str | None:
     """Why `linear_fp32(x, weight, bias)` is outside the kernel's contract, or None."""
+    problem = linear_fp32_problem(x, weight, bias)
+    if problem:
+        return problem
     tensors = [t for t in (x, weight, bias) if t is not None]
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return "x, weight and bias must be tensors"
-    if any(t.dtype != torch.float32 for t in tensors):
-        return "x, weight and bias must be float32"
-    if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
-        return f"shapes {tuple(x.shape)} and {tuple(weight.shape)} do not make a Linear"
-    if as_rows(x) is None or weight.stride(-1) != 1:
-        return "x and weight must have a contiguous last dim, and x's leading dims must flatten into one row stride"
-    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
-        return f"bias must be contiguous with shape ({weight.shape[0]},), got {tuple(bias.shape)}"
     return device_problem(tensors, built_for_interpreter(_linear_tf32x3_kernel)) or grad_problem(tensors)
 
 
