@@ -9,6 +9,8 @@ import torch
 # ImageNet statistics: the decoder's output space is `(rgb - mean) / std` with rgb in [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# What every door says of decoded frames that hold NaN or Inf (the command exits 1, the ComfyUI nodes raise).
+NON_FINITE_FRAMES = "the decoded frames hold NaN or Inf (latents or weights out of range)"
 
 
 def _check_video(video: torch.Tensor, name: str) -> None:

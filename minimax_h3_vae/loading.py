@@ -673,8 +673,10 @@ def load_weights(
         else:
             state_dict[key] = tensor.to(device=device, dtype=torch.float32)
     ops = set_up.join() if set_up is not None else None  # (after a failed load it just ends by itself)
-    model.load_state_dict(state_dict, strict=True, assign=True)
+    # Parameters without grad before they are assigned: an inference tensor (ComfyUI loads its VAEs under
+    # torch.inference_mode) may become a Parameter only so, outside inference mode too.
     model.eval().requires_grad_(False)
+    model.load_state_dict(state_dict, strict=True, assign=True)
     return ops
 
 

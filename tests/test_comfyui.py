@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import importlib.util
 import subprocess
 import sys
 import types
+import weakref
 
+import comfy_stand_in
 import pytest
 import torch
 from conftest import REPO
@@ -122,8 +126,8 @@ class PackedLatent:
 
     is_nested = True
 
-    def __init__(self, video: torch.Tensor, audio: torch.Tensor):
-        self.parts = (video, audio)
+    def __init__(self, *parts):
+        self.parts = parts
 
     def unbind(self):
         return self.parts
@@ -144,7 +148,7 @@ def test_a_torch_nested_tensor_is_not_a_latent(loaded):
         NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(loaded, {"samples": nested})
 
 
-# ---- decoding with the ComfyUI VAE the workflow already holds (issue 19) -----------------------------------
+# ---- decoding with the ComfyUI VAE the workflow already holds -------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -154,62 +158,148 @@ def on_the_cpu(monkeypatch):
     monkeypatch.setattr(comfyui, "_device", lambda: torch.device("cpu"))
 
 
-def stand_in_vae(seed_offset: float = 0.0):
-    """A stand-in for ComfyUI's `VAE` holding H3's video VAE: `first_stage_model` has the release's module
-    names (decoder.x_embedder, decoder.transformer_blocks.N..., decoder.mask_token, post_quant_conv) and the
-    latent statistics as buffers, filled from the tiny checkpoint; `decode` stands for ComfyUI's own."""
-    from safetensors.torch import load_file
-
-    from minimax_h3_vae.model import H3Decoder
-
-    tensors = load_file(str(TINY / "video_vae" / "source" / "model.safetensors"))
-    config = H3VideoDecoder.from_pretrained(TINY, device="cpu").config
-    stage = H3Decoder(config)
-    stage.decoder.register_buffer("mask_token", torch.zeros(1, 1, config.dim))
-    stage.register_buffer("latents_mean", torch.tensor(config.latents_mean))
-    stage.register_buffer("latents_std", torch.tensor(config.latents_std))
-    stage.load_state_dict({k: v for k, v in tensors.items() if k in stage.state_dict()}, strict=False)
-
-    class VAE:
-        first_stage_model = stage
-        decoded = []
-
-        def decode(self, z):
-            self.decoded.append(z.shape)
-            return torch.zeros(z.shape[0], 9, 16 * z.shape[-2], 16 * z.shape[-1], 3)
-
-    return VAE()
+@pytest.fixture
+def host(monkeypatch):
+    """ComfyUI's model management and progress bar (tests/comfy_stand_in.py), recording the nodes' calls."""
+    return comfy_stand_in.install(monkeypatch)
 
 
-def test_vae_node_equals_the_loader_path():
-    from minimax_h3_vae.comfyui import _vae_decoders
+def reference_images(state: dict, z: torch.Tensor, tile_batch: int | None = None) -> torch.Tensor:
+    """IMAGE frames of normalised latents z decoded by a decoder loaded from `state` (release names) as a
+    file would load, in fp32 on the CPU: what every VAE node must give."""
+    from minimax_h3_vae.loading import checkpoint_in_memory
 
-    comfyui._cache.clear()
+    _, config = comfy_stand_in.tiny_state()
+    tensors = {k: v.float() for k, v in state.items()}
+    if "latents_mean" in tensors:  # the VAE's statistics, in its dtype, as ComfyUI's own decode uses them
+        stats = {name: tuple(tensors[name].tolist()) for name in ("latents_mean", "latents_std")}
+        config = dataclasses.replace(config, **stats)
+    model = H3VideoDecoder.from_checkpoint(checkpoint_in_memory(tensors, config, "original"), device="cpu", fused=False)
+    video = to_unit_rgb(model.decode(denormalize_latents(z.float(), config), tile_batch=tile_batch))
+    return video.permute(0, 2, 3, 4, 1).reshape(-1, *video.shape[-2:], 3)
+
+
+def through(path: str, vae, z: torch.Tensor, tile_batch: int = 2) -> torch.Tensor:
+    """IMAGE frames of latents z through one of the nodes that take a ComfyUI VAE, as ComfyUI runs them: under
+    torch.inference_mode(). "with_vae": Decode with VAE; "patched": Use for VAE, then ComfyUI's VAE.decode."""
+    with torch.inference_mode():
+        if path == "with_vae":
+            return NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", tile_batch)[0]
+        (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, "off", tile_batch)
+        video = patched.decode(z)  # ComfyUI's VAE.decode: (B, F, H, W, 3)
+        return video.reshape(-1, *video.shape[-3:])
+
+
+VAE_PATHS = ["with_vae", "patched"]
+
+
+def seen(path: str, vae, z: torch.Tensor) -> torch.Tensor:
+    """The latents a path's decoder gets: ComfyUI's VAE.decode (the patched path) casts them to the VAE's dtype."""
+    return z.to(vae.vae_dtype) if path == "patched" else z
+
+
+@pytest.mark.parametrize("path", [*VAE_PATHS, "loader"])
+def test_every_node_runs_under_inference_mode(host, path):
+    """ComfyUI runs nodes under torch.inference_mode(), and its VAE Loader makes the weights there: inference
+    tensors, which have no version counter. Every node decodes there as a file-loaded decoder does."""
+    state, _ = comfy_stand_in.tiny_state()
     z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(9))
-    (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 2)
-    (expected,) = NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z})
-    comfyui._cache.clear()
-    vae = stand_in_vae()
-    decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]()
-    (images,) = decode.decode(vae, {"samples": z}, "off", 2)
-    assert torch.equal(images, expected)
-    made = _vae_decoders[vae.first_stage_model][2]
-    linear = vae.first_stage_model.decoder.proj_out.weight
-    assert made.decoder.proj_out.weight.data_ptr() == linear.data_ptr(), "fp32 weights shared, not copied"
-    decode.decode(vae, {"samples": z}, "off", 2)
-    assert _vae_decoders[vae.first_stage_model][2] is made, "made once per VAE"
-    with torch.no_grad():
-        linear.mul_(2)  # weights changed in place: made again
-    decode.decode(vae, {"samples": z}, "off", 2)
-    assert _vae_decoders[vae.first_stage_model][2] is not made
+    if path == "loader":
+        comfyui._cache.clear()
+        with torch.inference_mode():
+            (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 2)
+            (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z})
+        comfyui._cache.clear()
+    else:
+        vae = comfy_stand_in.tiny_vae()
+        assert vae.first_stage_model.decoder.proj_out.weight.is_inference()
+        images = through(path, vae, z)
+    assert torch.equal(images, reference_images(state, z, tile_batch=2))
+    assert host.progress and host.progress[-1][0] == host.progress[-1][1], "the progress bar reaches the end"
 
 
-def test_vae_node_decodes_normalised_latents_once():
+@pytest.mark.parametrize("path", VAE_PATHS)
+def test_vae_nodes_share_the_weights_and_keep_nothing(host, path):
+    """The decoder of a VAE node is built on the VAE's own tensors (fp32 on the CPU: every one shared, none
+    copied) for the one decode, and nothing of it outlives the decode: after ComfyUI offloads the VAE no copy
+    of its weights is left behind."""
+    vae = comfy_stand_in.tiny_vae()
+    weight = vae.first_stage_model.decoder.proj_out.weight
+    built = []
+    real = H3VideoDecoder.from_checkpoint
+
+    def spy(checkpoint, options=None, **fields):
+        model = real(checkpoint, options, **fields)
+        built.append(weakref.ref(model))
+        assert model.decoder.proj_out.weight.data_ptr() == weight.data_ptr(), "fp32 weights shared, not copied"
+        return model
+
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(3))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(H3VideoDecoder, "from_checkpoint", spy)
+        through(path, vae, z)
+    gc.collect()
+    assert built and all(ref() is None for ref in built), "no decoder outlives its decode"
+
+
+@pytest.mark.parametrize("path", VAE_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_vae_nodes_see_every_weight_change(host, path, dtype):
+    """ComfyUI changes a VAE's weights in place (its patcher writes `param.data.copy_(...)`, which bumps no
+    version counter), replaces them, or moves them (offload, then load: new tensors). Whatever the VAE's dtype
+    (ComfyUI's --fp16-vae / --bf16-vae: the fp32 recipe then works on converted copies), the next decode
+    uses the weights as they are then."""
+    vae = comfy_stand_in.tiny_vae(dtype)
+    stage = vae.first_stage_model
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(4))
+    first = through(path, vae, z)
+    assert torch.equal(first, reference_images(stage.state_dict(), seen(path, vae, z), tile_batch=2))
+    with torch.inference_mode():
+        qkv = stage.decoder.transformer_blocks[0].attn.to_qkv.weight
+        qkv.data.copy_(qkv.data.flip(0))  # in place, as ComfyUI's weight patches are
+    patched = through(path, vae, z)
+    assert not torch.equal(patched, first)
+    assert torch.equal(patched, reference_images(stage.state_dict(), seen(path, vae, z), tile_batch=2))
+    with torch.inference_mode():
+        stage.decoder.proj_out.bias.data = stage.decoder.proj_out.bias.data + 0.5  # replaced
+    vae.patcher.offload()  # moved away: the next decode has ComfyUI load it back as new tensors
+    moved = through(path, vae, z)
+    assert not torch.equal(moved, patched) and vae.patcher.loads >= 1
+    assert torch.equal(moved, reference_images(stage.state_dict(), seen(path, vae, z), tile_batch=2))
+
+
+def test_vae_node_asks_comfyui_to_load_the_whole_vae(host):
+    """Decode with VAE has ComfyUI load the VAE (fully) where it computes before reading its weights, as
+    ComfyUI's VAE Decode does: a VAE ComfyUI had offloaded decodes, not its absent tensors."""
+    vae = comfy_stand_in.tiny_vae()
+    vae.patcher.offload()
+    assert vae.first_stage_model.decoder.proj_out.weight.is_meta
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(5))
+    images = through("with_vae", vae, z)
+    assert host.loads and host.loads[0][0] == 1 and host.loads[0][2] is True, "one model, force_full_load"
+    assert torch.equal(images, reference_images(vae.first_stage_model.state_dict(), z, tile_batch=2))
+
+
+@pytest.mark.parametrize("path", VAE_PATHS)
+def test_vae_nodes_fall_back_for_a_partly_loaded_vae(host, path):
+    """Weights not all on the VAE's device after ComfyUI loaded it (its partial load for a small card) are
+    left to the VAE's own decode, which streams them, rather than copied to the device behind ComfyUI."""
+    vae = comfy_stand_in.tiny_vae()
+    vae.patcher.load = lambda: None  # ComfyUI loads nothing more: part of the model stays elsewhere
+    with torch.inference_mode():
+        block = vae.first_stage_model.decoder.transformer_blocks[1].ff.w2
+        block.weight = torch.nn.Parameter(torch.empty_like(block.weight, device="meta"), requires_grad=False)
+    z = torch.randn(1, 24, 3, 5, 7)
+    with pytest.warns(UserWarning, match="not all on its device"):
+        images = through(path, vae, z)
+    assert vae.first_stage_model.own_decodes and images.shape == (9, 80, 112, 3)
+
+
+def test_vae_node_decodes_normalised_latents_once(host):
     """The node denormalises once, as ComfyUI's VAE does: its frames are those of the raw latents
     `z * std + mean`, not of latents denormalised twice."""
     z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(10))
-    vae = stand_in_vae()
-    (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 0)
+    images = through("with_vae", comfy_stand_in.tiny_vae(), z, tile_batch=0)
     model = H3VideoDecoder.from_pretrained(TINY, device="cpu", fused=False)
     once = to_unit_rgb(model.decode(denormalize_latents(z, model.config)))[0].permute(1, 2, 3, 0)
     twice = to_unit_rgb(model.decode(denormalize_latents(denormalize_latents(z, model.config), model.config)))
@@ -217,17 +307,19 @@ def test_vae_node_decodes_normalised_latents_once():
     assert not torch.allclose(images, twice[0].permute(1, 2, 3, 0), atol=1e-2)
 
 
-def test_vae_node_falls_back_for_quantized_weights():
+@pytest.mark.parametrize("path", VAE_PATHS)
+def test_vae_nodes_fall_back_for_quantized_weights(host, path):
     class Quantized(torch.Tensor):
         """Stands for a quantized weight type: a tensor subclass the recipe cannot use as it is."""
 
-    vae = stand_in_vae()
-    block = vae.first_stage_model.decoder.transformer_blocks[0].attn.to_qkv
-    block.weight = torch.nn.Parameter(block.weight.detach().as_subclass(Quantized), requires_grad=False)
+    vae = comfy_stand_in.tiny_vae()
+    with torch.inference_mode():
+        block = vae.first_stage_model.decoder.transformer_blocks[0].attn.to_qkv
+        block.weight = torch.nn.Parameter(block.weight.detach().as_subclass(Quantized), requires_grad=False)
     z = torch.randn(1, 24, 3, 5, 7)
-    with pytest.warns(UserWarning, match="quantized or not loaded"):
-        (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 0)
-    assert vae.decoded == [z.shape] and images.shape == (9, 80, 112, 3)
+    with pytest.warns(UserWarning, match="quantized"):
+        images = through(path, vae, z)
+    assert vae.first_stage_model.own_decodes == [z.shape] and images.shape == (9, 80, 112, 3)
 
 
 def test_vae_node_refuses_another_vae():
@@ -238,14 +330,33 @@ def test_vae_node_refuses_another_vae():
         NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(SD(), {"samples": torch.zeros(1, 24, 3, 2, 2)})
 
 
-def test_vae_to_vae_node_keeps_comfyuis_decode_contract():
+def test_newer_comfyui_structure_is_accepted_and_an_unknown_one_refused(host):
+    """ComfyUI's later comfy-kitchen vae.py (commit 2266077b) adds non-persistent buffers (a unit scale per
+    attention for its fused QK norm + RoPE kernel, the rotary frequencies): not in the state dict, so the
+    structure our nodes read is unchanged and they decode. A decoder tensor we do not know (a future
+    persistent buffer) is refused, naming the ComfyUI versions the nodes support."""
+    vae = comfy_stand_in.tiny_vae()
+    for block in vae.first_stage_model.decoder.transformer_blocks:
+        block.attn.register_buffer("qk_norm_scale", torch.ones(64), persistent=False)
+    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(through("with_vae", vae, z), reference_images(comfy_stand_in.tiny_state()[0], z, 2))
+    vae.first_stage_model.decoder.transformer_blocks[0].attn.register_buffer("qk_norm_scale", torch.ones(64))
+    for node in ("MiniMaxH3DecodeWithVAE", "MiniMaxH3UseForVAE"):
+        with pytest.raises(ValueError, match=r"unexpected decoder tensor.*ComfyUI 0\.32\.0 \(commit bd34f338\)"):
+            if node == "MiniMaxH3UseForVAE":
+                NODE_CLASS_MAPPINGS[node]().patch(vae, "off", 0)
+            else:
+                NODE_CLASS_MAPPINGS[node]().decode(vae, {"samples": z}, "off", 0)
+
+
+def test_vae_to_vae_node_keeps_comfyuis_decode_contract(host):
     """The patched VAE's first_stage_model decodes as ComfyUI's VAE.decode drives it: latents in the VAE's
     dtype, a float32 buffer preallocated from decode_output_shape and filled in place; the frames are the
     decode node's, and the VAE given is left as it was."""
-    vae = stand_in_vae()
+    vae = comfy_stand_in.tiny_vae()
     (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, "off", 2)
     assert patched is not vae and patched.first_stage_model is not vae.first_stage_model
-    assert not hasattr(vae.first_stage_model, "decode_output_shape"), "the original is untouched"
+    assert vae.first_stage_model.decode.__func__ is comfy_stand_in.FirstStage.decode, "the original is untouched"
     stage = patched.first_stage_model
     assert stage.decoder.proj_out.weight is vae.first_stage_model.decoder.proj_out.weight, "the same weights"
     z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(11))
@@ -255,8 +366,142 @@ def test_vae_to_vae_node_keeps_comfyuis_decode_contract():
     assert stage.decode(z, output_buffer=buffer) is buffer
     (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 2)
     assert torch.equal(buffer.movedim(1, -1).reshape(-1, 320, 320, 3), images)
+    tiled = stage.decode_tiled(z, 32, 32, 8, tile_t=64)  # ComfyUI's tile settings, positional or named
+    assert torch.equal(tiled, buffer)
     with pytest.raises(ValueError, match="output_buffer is"):
         stage.decode(z, output_buffer=torch.empty(1, 3, 8, 320, 320))
+
+
+# ---- what each node refuses, with one clear error ---------------------------------------------------------
+
+# Python's own words that must not reach a ComfyUI user in place of a reason.
+PYTHON_WORDS = ("KeyError", "AttributeError", "IndexError", "TypeError", "NoneType", "object has no", "subscript")
+
+
+def refusal(call) -> str:
+    """The ValueError `call()` raises (nothing else passes), checked to be one line in the user's terms."""
+    with pytest.raises(ValueError) as caught:
+        call()
+    message = str(caught.value)
+    assert "\n" not in message and not any(word in message for word in PYTHON_WORDS), message
+    return message
+
+
+@pytest.fixture
+def node_calls(host):
+    """node name -> a function that runs that node on a LATENT with the given widget values, as ComfyUI does
+    (under inference mode), each VAE node on a fresh stand-in VAE."""
+    comfyui._cache.clear()
+    (loaded,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 0)
+
+    def with_vae(samples, fused="off", tile_batch=0):
+        with torch.inference_mode():
+            vae = comfy_stand_in.tiny_vae()
+            return NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, samples, fused, tile_batch)
+
+    def patched(samples, fused="off", tile_batch=0):
+        with torch.inference_mode():
+            vae = comfy_stand_in.tiny_vae()
+            (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, fused, tile_batch)
+            return patched.first_stage_model.decode(samples["samples"])  # as ComfyUI's VAE.decode calls it
+
+    def loader(samples, fused="off", tile_batch=0):
+        with torch.inference_mode():
+            (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), fused, tile_batch)
+            return NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, samples)
+
+    yield {"with_vae": with_vae, "patched": patched, "loader": loader}
+    del loaded
+    comfyui._cache.clear()
+
+
+@pytest.mark.parametrize("path", [*VAE_PATHS, "loader"])
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.complex64]
+)
+def test_nodes_refuse_latents_that_are_not_floating_point(node_calls, path, dtype):
+    """Integer, bool, float8 and complex latents are refused, as the command refuses them, not cast."""
+    z = torch.randn(1, 24, 3, 5, 7).to(dtype)
+    message = refusal(lambda: node_calls[path]({"samples": z}))
+    assert "latents must be floating point" in message and str(dtype).removeprefix("torch.") in message
+
+
+@pytest.mark.parametrize("path", [*VAE_PATHS, "loader"])
+def test_nodes_refuse_frames_with_nan(node_calls, monkeypatch, path):
+    """A weight that overflows the decode into NaN / Inf frames is an error naming it, as in the command, not
+    NaN images passed on downstream."""
+    z = torch.randn(1, 24, 3, 5, 7)
+    real = comfy_stand_in.VAE.__init__
+
+    def poisoned(self, state, config, dtype=torch.float32, device="cpu"):
+        state = dict(state, **{"decoder.proj_out.bias": torch.full_like(state["decoder.proj_out.bias"], float("inf"))})
+        real(self, state, config, dtype, device)
+
+    monkeypatch.setattr(comfy_stand_in.VAE, "__init__", poisoned)
+    if path == "loader":  # the loader's decoder reads the file: poison its weights in place
+        comfyui._cache.clear()
+        (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 0)
+        node.decoder.decoder.proj_out.bias.fill_(float("inf"))
+        message = refusal(lambda: NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z}))
+        comfyui._cache.clear()
+    else:
+        message = refusal(lambda: node_calls[path]({"samples": z}))
+    assert "NaN or Inf" in message
+
+
+@pytest.mark.parametrize(
+    "buffer, words",
+    [
+        (torch.empty(1, 3, 9, 80, 112, dtype=torch.uint8), "float32"),
+        (torch.empty(1, 3, 9, 80, 112, dtype=torch.int64), "float32"),
+        (torch.empty(1, 3, 9, 80, 112, dtype=torch.bool), "float32"),
+        (torch.empty(1, 3, 9, 80, 112, device="meta"), "meta device"),
+    ],
+)
+def test_patched_vae_refuses_a_buffer_it_cannot_fill(host, buffer, words):
+    """An output buffer that would truncate the frames (integer, bool) or hold none (meta) is refused."""
+    (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(comfy_stand_in.tiny_vae(), "off", 0)
+    z = torch.randn(1, 24, 3, 5, 7)
+    assert words in refusal(lambda: patched.first_stage_model.decode(z, output_buffer=buffer))
+
+
+class NumpyLike:
+    """Stands for a numpy array in a LATENT (numpy may not be installed): what `_describe` calls one."""
+
+    __module__ = "numpy"
+
+
+BAD_LATENTS = {
+    "not a dict": (None, "a ComfyUI LATENT"),
+    "a list": ([torch.zeros(1, 24, 3, 5, 7)], "a ComfyUI LATENT"),
+    "no samples": ({"noise_mask": torch.zeros(1)}, "holds no 'samples'"),
+    "samples None": ({"samples": None}, "got nothing"),
+    "numpy": ({"samples": NumpyLike()}, "numpy array"),
+    "empty packed": ({"samples": PackedLatent()}, "holds no latents"),
+    "packed in packed": ({"samples": PackedLatent(PackedLatent(torch.zeros(1, 24, 3, 5, 7)))}, "itself packed"),
+}
+
+
+@pytest.mark.parametrize("path", ["with_vae", "loader"])
+@pytest.mark.parametrize("case", list(BAD_LATENTS))
+def test_nodes_refuse_a_bad_latent_clearly(node_calls, path, case):
+    samples, words = BAD_LATENTS[case]
+    assert words in refusal(lambda: node_calls[path](samples))
+
+
+@pytest.mark.parametrize("z, words", [(None, "got nothing"), (NumpyLike(), "numpy array"), ([1, 2], "a list")])
+def test_patched_vae_refuses_what_is_not_latents(node_calls, z, words):
+    """The patched VAE's decode is given latents by ComfyUI's VAE.decode; anything else is refused clearly."""
+    assert words in refusal(lambda: node_calls["patched"]({"samples": z}))
+
+
+@pytest.mark.parametrize("path", [*VAE_PATHS, "loader"])
+@pytest.mark.parametrize(
+    "widgets, words", [(("yes", 0), "fused must be one of"), (("off", -1), "tile_batch"), (("off", "2"), "tile_batch")]
+)
+def test_nodes_refuse_bad_widget_values(node_calls, path, widgets, words):
+    z = torch.randn(1, 24, 3, 5, 7)
+    assert words in refusal(lambda: node_calls[path]({"samples": z}, *widgets))
 
 
 @pytest.mark.parametrize("name", ["decode_with_vae.json", "patched_vae_decode.json"])
@@ -286,7 +531,7 @@ COMFYUI_FRAMES = {1: 1, 2: 5, 3: 9, 7: 22, 8: 26, 12: 39, 13: 43, 72: 243, 73: 2
 def test_frame_counts_match_comfyuis_planner():
     from minimax_h3_vae.tiling import plan_chunks
 
-    vae = stand_in_vae()
+    vae = comfy_stand_in.tiny_vae()
     (patched,) = NODE_CLASS_MAPPINGS["MiniMaxH3UseForVAE"]().patch(vae, "off", 0)
     config = H3VideoDecoder.from_pretrained(TINY, device="cpu").config
     for latents, frames in COMFYUI_FRAMES.items():
