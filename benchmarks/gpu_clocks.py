@@ -1,7 +1,7 @@
 """SM clock and board power while a block of GPU work runs, sampled by nvidia-smi every 50 ms.
 
 The H200 here holds a 700 W board limit; under a sustained decode it sits at that limit with SM clocks well
-under the 1980 MHz maximum, so every timing in RESULTS.md is reported with the clock and power it ran at.
+under the 1980 MHz maximum, so every timing in LOG.md is reported with the clock and power it ran at.
 """
 
 from __future__ import annotations
