@@ -76,7 +76,7 @@ def write_raw(path, header: dict, data_bytes: int = 0, length: int | None = None
         ({"x": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}}, 16, None, "not a valid header entry"),
         ({"x": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, 16, None, "not a valid header entry"),
         ({"x": [1, 2]}, 0, None, "not a valid header entry"),
-        ({}, 0, 2**40, "header of"),
+        ({}, 0, 2**40, "not a safetensors file"),
         ({}, 0, 10**6, "truncated inside its header"),
     ],
 )
