@@ -22,6 +22,7 @@ import os
 import queue
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -409,6 +410,9 @@ class Mp4Sink(Sink):
         status = self.process.returncode
         if status in (256 - errno.ENOSPC, 256 - errno.EDQUOT) or (lines and os.strerror(errno.ENOSPC) in lines[-1]):
             return self._no_space()
+        if status < 0:  # a signal: the CPU time limit (`ulimit -t`), the OOM killer, another user
+            name = next((s.name for s in signal.Signals if s == -status), f"signal {-status}")
+            return f"{shown(self.output)}: ffmpeg was stopped by {name}; nothing was written"
         reason = one_line(lines[-1]) if lines else "no message"
         return f"{shown(self.output)}: ffmpeg failed (exit status {status}: {reason}); nothing was written"
 
