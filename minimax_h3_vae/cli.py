@@ -17,7 +17,6 @@ and an existing OUT is unchanged (README, "Command line").
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import re
 import resource
@@ -174,6 +173,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tile-batch",
         type=flag_type(parse_whole),
+        metavar="N",
         help="tiles per decoder call (default: as many as fit; lower it to save GPU memory)",
     )
     parser.add_argument(
@@ -509,11 +509,6 @@ def _describe(error: BaseException) -> tuple[int, str]:
         return 1, f"error: {error}"
     if isinstance(error, OSError) and error.strerror:
         where = f"{shown(error.filename)}: " if error.filename else ""
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return (
-                1,
-                f"error: {where}no space left on the disk; free some space or write elsewhere; nothing was written",
-            )
         return 1, f"error: {where}{error.strerror}; nothing was written"
     return 1, f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)"
 
