@@ -3,7 +3,7 @@
 from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import to_uint8_frames, to_unit_rgb
-from .latents import denormalize_latents, save_latents
+from .latents import denormalize_latents, load_latents, save_latents
 from .runtime import DecodeOptions, Runtime
 from .tiling import Tiling
 
@@ -14,6 +14,7 @@ __all__ = [
     "Runtime",
     "Tiling",
     "denormalize_latents",
+    "load_latents",
     "save_latents",
     "to_unit_rgb",
     "to_uint8_frames",

@@ -9,14 +9,17 @@ IN holds the latents under the key `latents` (or as its only tensor), shaped (24
 written as they are decoded; the output file appears only once it is complete and verified.
 
 Exit codes: 0 written; 1 failed while decoding or writing; 2 bad input (one `error:` line, checked before
-the model is loaded where possible); 130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP. Whatever the
-failure, nothing is left behind and an existing OUT is unchanged (README, "Command line").
+the model is loaded where possible); 130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (128 + the number of
+any handled signal; 152 for SIGXCPU, which `ulimit -t` sends). Whatever the failure, nothing is left behind
+and an existing OUT is unchanged (README, "Command line").
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import resource
 import signal
 import sys
 import threading
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from . import distributed, output
 from .output import WriteError
+from .text import one_line, parse_number, parse_whole, shown
 
 DEFAULT_FPS = 24.0
 DEFAULT_CRF = 17
@@ -49,6 +53,10 @@ STOP_SIGNALS = {
         signal.SIGXFSZ,
     )
 }
+# `ulimit -t N` sets the soft and the hard CPU limit to N seconds: the kernel then sends SIGKILL at N with no
+# SIGXCPU first, and nothing could clean up. The command lowers the soft limit by this share of N (at least
+# CPU_MARGIN_S seconds), so that SIGXCPU comes first and the cleanup has that much CPU time left to run.
+CPU_MARGIN_S, CPU_MARGIN_SHARE = 2, 0.1
 
 
 # What writing to a closed (None or a closed file), full or broken stream raises.
@@ -107,8 +115,32 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+EXAMPLES = """examples:
+  minimax-h3-decode latents.safetensors out.mp4                           # the released VAE, from the hub
+  minimax-h3-decode latents.safetensors out.mp4 --model /models/MiniMax-H3 --fps 24
+  minimax-h3-decode examples/latents.safetensors example.mp4 --model examples/tiny_h3_vae   # in the checkout
+  minimax-h3-decode latents.safetensors frames.safetensors --device cpu   # uint8 frames, no ffmpeg needed"""
+
+
+def flag_type(parse):
+    """An argparse type reading a flag's value the one strict way (text.parse_number or parse_whole)."""
+
+    def read(text: str):
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return read
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = Parser(prog="minimax-h3-decode", description=__doc__.split("\n\n")[0])
+    parser = Parser(
+        prog="minimax-h3-decode",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("input", type=Path, help="latents .safetensors file")
     parser.add_argument("output", type=Path, help="output .mp4 (H.264) or .safetensors (uint8 frames, key 'video')")
     parser.add_argument(
@@ -125,18 +157,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), help="default: fp16 (release recipe) on cuda, else fp32")
     parser.add_argument(
-        "--fps", type=float, help="frame rate, 0.01 to 1000 (default: the input's fps metadata, else 24)"
+        "--fps",
+        type=flag_type(parse_number),
+        help="frame rate, 0.01 to 1000 (default: the input's fps metadata, else 24)",
     )
     parser.add_argument(
         "--crf",
-        type=int,
+        type=flag_type(parse_whole),
         default=DEFAULT_CRF,
         help="mp4 quality, 0-51, lower is better (default 17); 0 is lossless RGB (exact frames, few players)",
     )
     parser.add_argument("--preset", choices=output.X264_PRESETS, help="mp4 encoder speed (default: ffmpeg's, medium)")
     parser.add_argument("--raw-latents", action="store_true", help="latents are already denormalised")
     parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
-    parser.add_argument("--tile-batch", type=int, help="tiles per decoder call (lower it to save GPU memory)")
+    parser.add_argument(
+        "--tile-batch",
+        type=flag_type(parse_whole),
+        metavar="N",
+        help="tiles per decoder call (default: as many as fit; lower it to save GPU memory)",
+    )
     parser.add_argument(
         "--gemm",
         choices=("auto", "cublas", "quack"),
@@ -158,7 +197,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="blocks: stream the block weights from host memory (small GPUs); auto (default): only if needed",
     )
     parser.add_argument(
-        "--max-gpu-memory", type=float, metavar="GIB", help="GPU memory the decoder may hold, weights included"
+        "--max-gpu-memory",
+        type=flag_type(parse_number),
+        metavar="GIB",
+        help="GPU memory the decoder may hold, weights included",
     )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks")
     return parser.parse_args(argv)
@@ -240,7 +282,10 @@ def decode_options(args: argparse.Namespace, device=None):
         message = str(error)
         for field, flag in FLAGS.items():
             if message.startswith(field):
-                message = flag + message.removeprefix(field)
+                # In the flag's own words: a flag left out is the API's None.
+                message = flag + re.sub(
+                    r"\(or None for ([^)]*)\)", rf"(or leave {flag} out for \1)", message[len(field) :]
+                )
         raise InputError(message) from None
 
 
@@ -278,7 +323,14 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     latents and the weights read.
     """
     from .decoding import H3VideoDecoder
-    from .latents import check_latents, check_latents_path, denormalize_latents, read_latents, read_latents_header
+    from .latents import (
+        check_latents,
+        check_latents_path,
+        denormalize_latents,
+        read_latents,
+        read_latents_header,
+        swapped_axes,
+    )
     from .loading import CheckpointError, load_checkpoint
     from .memory import check_fits, plan
     from .runtime import resolve
@@ -293,7 +345,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     except ValueError as error:
         raise InputError(str(error)) from None
     if output.same_file(args.output, args.input):
-        raise InputError(f"{args.output}: is the input file; give another output name")
+        raise InputError(f"{shown(args.output)}: is the input file; give another output name")
     try:
         if rank == 0:
             output.probe_folder(args.output)
@@ -302,24 +354,30 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
         raise InputError(str(error)) from None
 
     if rank == 0:
-        say(f"loading {args.model} onto {options.device} ...")
+        say(f"loading {shown(args.model)} onto {options.device} ...")
     try:
         checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
         raise InputError(str(error)) from None
     if any(output.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):
-        raise InputError(f"{args.output}: is a file of the checkpoint {args.model}; give another output name")
+        raise InputError(
+            f"{shown(args.output)}: is a file of the checkpoint {shown(args.model)}; give another output name"
+        )
     config = checkpoint.config
     channels, frames_in, h, w = source.shape
     if channels != config.latent_channels:
-        raise InputError(f"{args.input}: latents have {channels} channels, the model takes {config.latent_channels}")
+        raise InputError(
+            f"{shown(args.input)}: latents {source.shape} have {channels} channels, the model takes "
+            f"{config.latent_channels}: expected ({config.latent_channels}, T, h, w) or (1, "
+            f"{config.latent_channels}, T, h, w){swapped_axes(source.shape, config.latent_channels)}"
+        )
     frames = plan_chunks(frames_in, config).out_frames
     height, width = h * config.patch_size, w * config.patch_size
     fps = args.fps or source.fps or DEFAULT_FPS
     try:
         runtime = resolve(options, config, checkpoint.tiling)
         if args.output.suffix.lower() == ".mp4":
-            output.check_fps(fps, "--fps" if args.fps else f"{args.input}: metadata fps")
+            output.check_fps(fps, "--fps" if args.fps else f"{shown(args.input)}: metadata fps")
         needs = plan(
             config,
             source.shape,
@@ -341,7 +399,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
         z = latents if args.raw_latents else denormalize_latents(latents, config)
         check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
-        raise InputError(f"{args.input}: {error}") from None
+        raise InputError(f"{shown(args.input)}: {error}") from None
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
@@ -379,7 +437,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
-    say(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}")
+    say(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {shown(args.model)}")
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
@@ -423,7 +481,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
     say(
-        f"wrote {args.output}: {frames} frames in {seconds:.1f} s ({frames / seconds:.2f} frames/s; first chunk "
+        f"wrote {shown(args.output)}: {frames} frames in {seconds:.1f} s ({frames / seconds:.2f} frames/s; first chunk "
         f"after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
     )
 
@@ -432,7 +490,13 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
 
 
 def describe(error: BaseException) -> tuple[int, str]:
-    """(exit code, the one line to print) for every way a run can end early."""
+    """(exit code, the one line to print) for every way a run can end early: one line, whatever names or
+    text the message holds (text.one_line)."""
+    code, line = _describe(error)
+    return code, one_line(line)
+
+
+def _describe(error: BaseException) -> tuple[int, str]:
     if isinstance(error, Agreed):
         return error.code, error.line
     if isinstance(error, InputError):
@@ -444,7 +508,7 @@ def describe(error: BaseException) -> tuple[int, str]:
     if isinstance(error, WriteError):
         return 1, f"error: {error}"
     if isinstance(error, OSError) and error.strerror:
-        where = f"{error.filename}: " if error.filename else ""
+        where = f"{shown(error.filename)}: " if error.filename else ""
         return 1, f"error: {where}{error.strerror}; nothing was written"
     return 1, f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)"
 
@@ -459,11 +523,27 @@ def _stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
+def reserve_cpu_time() -> tuple[int, int] | None:
+    """Under a CPU limit whose soft and hard values are equal (`ulimit -t N`), lower the soft one by the
+    margin (CPU_MARGIN_S), so that SIGXCPU, which unwinds the run like any stop signal, comes before the
+    hard limit's SIGKILL. Returns the limits to put back, or None when nothing was changed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if soft != hard or hard == resource.RLIM_INFINITY:
+        return None
+    margin = max(CPU_MARGIN_S, int(hard * CPU_MARGIN_SHARE))
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (max(1, hard - margin), hard))
+    except (OSError, ValueError):
+        return None
+    return soft, hard
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    handlers = {}
+    handlers, cpu_limit = {}, None
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+        cpu_limit = reserve_cpu_time()  # only with the handlers: SIGXCPU's default action would end the process
     rank, ranks, device = 0, 1, None
     try:
         try:
@@ -483,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ranks > 1:
             distributed.destroy_process_group()
+        if cpu_limit is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, cpu_limit)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return 0

@@ -34,8 +34,9 @@ from safetensors import safe_open
 from .blocks import EAGER_OPS, attention_backends
 from .config import ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
-from .reader import DTYPES, DeviceReader, read_header
+from .reader import DTYPES, DeviceReader, NotSafetensors, read_header
 from .runtime import Runtime
+from .text import shown
 from .tiling import RELEASE_TILING, Tiling, check_temporal_plan
 
 DEFAULT_REPO = "MiniMaxAI/MiniMax-H3"
@@ -148,7 +149,11 @@ def checkpoint_in_memory(
 def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | None = None) -> Checkpoint:
     """Locate a checkpoint (local path or hub repo id) and read its config and tensor headers."""
     path = Path(os.fspath(source)).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError as error:  # a name too long for the filesystem, a folder that may not be searched
+        raise CheckpointError(f"{shown(source)}: cannot look there ({error.strerror})") from None
+    if exists:
         if revision is not None:
             raise CheckpointError(f"{source}: is a local path; a revision ({revision!r}) applies to hub repo ids only")
         return _open_local(path, str(source))
@@ -258,6 +263,8 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
             header = read_header(path)
         except OSError as error:
             raise CheckpointError(f"{path}: cannot read it ({error.strerror})") from None
+        except NotSafetensors as error:
+            raise CheckpointError(f"{path}: {error}; replace it with the checkpoint's own file") from None
         except ValueError as error:
             raise CheckpointError(
                 f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
@@ -367,6 +374,11 @@ def original_config(wrapper: dict[str, Any], model: dict[str, Any]) -> H3Decoder
 
 def _open_original(folder: Path, origin: str) -> Checkpoint:
     wrapper = _read_json(folder / "config.json", origin)
+    if "vit_decoder_kwargs" in wrapper:  # the model's own config.json: this is the source/ folder itself
+        raise CheckpointError(
+            f"{origin}: is the source/ folder inside an original-layout checkpoint; give the folder that holds "
+            f"it, {shown(folder.parent)} (video_vae/, with config.json and source/)"
+        )
     paths = {
         key: wrapper.get(key, default)
         for key, default in (("source_path", "source"), ("source_safetensors_path", "model.safetensors"))

@@ -22,6 +22,7 @@ import os
 import queue
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -32,13 +33,16 @@ from pathlib import Path
 
 import torch
 
+from .text import one_line, shown
+
 OUTPUT_FORMATS = (".mp4", ".safetensors")
 TEMP_PREFIX = ".minimax-h3-decode-"
 # Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
 FPS_RANGE = (0.01, 1000.0)
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
-VIDEO_EXTRA = 'pip install "minimax-h3-vae[video]"'
+# How to get the mp4 writer: the package is installed from a checkout (it is not on the package index).
+VIDEO_INSTALL = 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"'
 # The least space an mp4 of F frames can take, as a share of its raw RGB size: for the preflight only, so
 # a full disk is found in a second; a disk that fills up while writing is still caught by the writer.
 MP4_MIN_SHARE = 1 / 50
@@ -70,7 +74,7 @@ def ffmpeg_exe() -> str:
 
         return imageio_ffmpeg.get_ffmpeg_exe()
     except Exception:  # ImportError, or an install whose binary is gone (imageio-ffmpeg raises RuntimeError)
-        raise ValueError(f"mp4 output needs imageio-ffmpeg: {VIDEO_EXTRA} (or write a .safetensors file)") from None
+        raise ValueError(f"mp4 output needs imageio-ffmpeg ({VIDEO_INSTALL}), or write a .safetensors file") from None
 
 
 def raw_bytes(frames: int, height: int, width: int) -> int:
@@ -83,31 +87,61 @@ def least_bytes(output: Path, frames: int, height: int, width: int) -> int:
     return raw + 256 if output.suffix.lower() == ".safetensors" else int(raw * MP4_MIN_SHARE)
 
 
+def _limit(folder: Path, name: str, default: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):  # a folder that does not exist (reported later), or a path too long for it
+        return default
+
+
+def check_length(output: Path) -> None:
+    """ValueError for an OUT the system cannot take, before it is tried: a name longer than its filesystem
+    takes (NAME_MAX, 255 bytes on most), or a path (OUT's, or the temporary file's beside it) of PATH_MAX
+    bytes (4096 on Linux) or more."""
+    path_max = _limit(output.parent, "PC_PATH_MAX", 4096)
+    longest = max(len(os.fsencode(output)), len(os.fsencode(temp_name(output))))
+    if longest >= path_max:
+        raise ValueError(
+            f"{shown(output)}: the path is {longest} bytes long (with the temporary file beside it), the system "
+            f"takes less than {path_max}; give a shorter path"
+        )
+    name_max = _limit(output.parent, "PC_NAME_MAX", 255)
+    for part in output.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ValueError(
+                f"{shown(output)}: the name {shown(part[:40])}... is {len(os.fsencode(part))} bytes long, the "
+                f"filesystem takes at most {name_max}; give a shorter name"
+            )
+
+
 def resolve_output(output: Path) -> Path:
     """Where OUT is written: OUT itself, or for a symbolic link the file it points to (the output is written
-    through the link, as `cp` writes, and the link stays). ValueError for a link loop."""
+    through the link, as `cp` writes, and the link stays). ValueError for a link loop or a path too long."""
+    check_length(output)
     if not output.is_symlink():
         return output
     try:
         os.stat(output)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise ValueError(f"{output}: is a symbolic link loop; give a file name") from None
+            raise ValueError(f"{shown(output)}: is a symbolic link loop; give a file name") from None
     return Path(os.path.realpath(output))
 
 
 def check_output_name(output: Path) -> None:
-    """ValueError for an output this command cannot write (format, folder), before anything is read."""
+    """ValueError for an output this command cannot write (format, length, folder), before anything is read."""
+    name = shown(output)
     if output.suffix == "" and output.name.lower() in OUTPUT_FORMATS:
-        raise ValueError(f"{output}: has no name before its extension; give one, like video{output.name.lower()}")
+        raise ValueError(f"{name}: has no name before its extension; give one, like video{output.name.lower()}")
     if output.suffix.lower() not in OUTPUT_FORMATS:
-        raise ValueError(f"{output}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+        raise ValueError(f"{name}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+    check_length(output)
     if not output.parent.is_dir():
-        raise ValueError(f"{output.parent}: output folder does not exist; create it first")
+        raise ValueError(f"{shown(output.parent)}: output folder does not exist; create it first")
     if output.is_dir():
-        raise ValueError(f"{output}: is a folder; give a file name")
+        raise ValueError(f"{name}: is a folder; give a file name")
     if output.exists() and not output.is_file():
-        raise ValueError(f"{output}: exists and is not a regular file; give a file name")
+        raise ValueError(f"{name}: exists and is not a regular file; give a file name")
     if output.suffix.lower() == ".mp4":
         ffmpeg_exe()
 
@@ -120,7 +154,7 @@ def probe_folder(output: Path) -> None:
         os.unlink(create_temp(output))
     except OSError as error:
         raise ValueError(
-            f"{output.parent}: cannot create the output there ({error.strerror}); choose a writable folder"
+            f"{shown(output.parent)}: cannot create the output there ({error.strerror}); choose a writable folder"
         ) from None
     try:
         folder, existing = os.stat(output.parent), os.stat(output)
@@ -129,7 +163,8 @@ def probe_folder(output: Path) -> None:
     uid = os.geteuid()
     if folder.st_mode & stat.S_ISVTX and uid not in (0, folder.st_uid, existing.st_uid):
         raise ValueError(
-            f"{output}: belongs to another user in a sticky folder, so it cannot be replaced; choose another name"
+            f"{shown(output)}: belongs to another user in a sticky folder, so it cannot be replaced; "
+            "choose another name"
         )
 
 
@@ -149,7 +184,9 @@ def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, p
     if result.returncode:
         lines = [line.strip() for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         reasons = "; ".join(lines[-2:]) or f"exit status {result.returncode}"
-        raise ValueError(f"{output}: ffmpeg cannot encode {width}x{height} frames with these settings ({reasons})")
+        raise ValueError(
+            f"{shown(output)}: ffmpeg cannot encode {width}x{height} frames with these settings ({reasons})"
+        )
 
 
 def _encoder_command(width: int, height: int, fps: float, crf: int, preset: str | None) -> list[str]:
@@ -168,7 +205,7 @@ def check_free_space(output: Path, needed: int) -> None:
     free = shutil.disk_usage(output.parent).free
     if free < needed:
         raise ValueError(
-            f"{output.parent}: {format_size(free)} free, the output needs at least {format_size(needed)}; "
+            f"{shown(output.parent)}: {format_size(free)} free, the output needs at least {format_size(needed)}; "
             "free some space or write elsewhere"
         )
 
@@ -192,14 +229,17 @@ class Sink:
     def __init__(self, output: Path, frames: int, height: int, width: int):
         self.output, self.frames, self.height, self.width = output, frames, height, width
         self.written = 0
-        self.temp = create_temp(output)
+        try:
+            self.temp = create_temp(output)
+        except OSError as error:  # a disk out of inodes, a folder made read-only since the preflight
+            raise WriteError(self._failed(error)) from None
 
     def write(self, frames: torch.Tensor) -> None:
         """frames: uint8 (f, H, W, 3) on the CPU."""
         if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != (self.height, self.width, 3):
             raise ValueError(f"frames must be uint8 (f, {self.height}, {self.width}, 3), got {tuple(frames.shape)}")
         if self.written + frames.shape[0] > self.frames:
-            raise WriteError(f"{self.output}: more frames than the {self.frames} announced")
+            raise WriteError(f"{shown(self.output)}: more frames than the {self.frames} announced")
         frames = frames.contiguous()
         try:
             self._write(_tensor_bytes(frames))
@@ -211,7 +251,7 @@ class Sink:
         """Finish and verify the temporary file, give it OUT's permission bits (or those of a new file), and
         rename it over OUT. WriteError, with the temporary file left to `discard`, if anything is wrong."""
         if self.written != self.frames:
-            raise WriteError(f"{self.output}: {self.written} of {self.frames} frames were written")
+            raise WriteError(f"{shown(self.output)}: {self.written} of {self.frames} frames were written")
         try:
             self._finish()
             with open(self.temp, "rb+") as handle:
@@ -228,14 +268,29 @@ class Sink:
             raise WriteError(self._failed(error)) from None
 
     def discard(self) -> None:
-        """Stop writing and remove the temporary file; never raises for an already broken writer."""
+        """Stop writing and remove the temporary file. Never raises: it runs while the error that is reported
+        unwinds, and a writer that failed (a full disk) fails again as it is closed."""
         try:
             self._abort()
+        except OSError:
+            pass
         finally:
-            self.temp.unlink(missing_ok=True)
+            try:
+                self.temp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
     def _failed(self, error: OSError) -> str:
-        return f"{self.output}: writing failed ({error.strerror or error}); the existing file, if any, is unchanged"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return self._no_space()
+        reason = error.strerror or error
+        return f"{shown(self.output)}: writing failed ({reason}); the existing file, if any, is unchanged"
+
+    def _no_space(self) -> str:
+        return (
+            f"{shown(self.output)}: no space left on the disk of {shown(self.output.parent)}; free some space or "
+            "write elsewhere; the existing file, if any, is unchanged"
+        )
 
     def _write(self, data: memoryview) -> None:
         raise NotImplementedError
@@ -283,16 +338,16 @@ class SafetensorsSink(Sink):
     def _finish(self) -> None:
         self.handle.close()
         if self.temp.stat().st_size != self.size:
-            raise WriteError(f"{self.output}: wrote {self.temp.stat().st_size} bytes, expected {self.size}")
+            raise WriteError(f"{shown(self.output)}: wrote {self.temp.stat().st_size} bytes, expected {self.size}")
         from .reader import read_header
 
         try:
             entry = read_header(self.temp).tensors.get("video")
         except ValueError as error:
-            raise WriteError(f"{self.output}: the written file does not read back ({error})") from None
+            raise WriteError(f"{shown(self.output)}: the written file does not read back ({error})") from None
         shape = list(entry.shape) if entry is not None else None
         if shape != [self.frames, self.height, self.width, 3]:
-            raise WriteError(f"{self.output}: the written header reads back as shape {shape}")
+            raise WriteError(f"{shown(self.output)}: the written header reads back as shape {shape}")
 
     def _abort(self) -> None:
         if self.handle is not None:
@@ -315,13 +370,11 @@ class Mp4Sink(Sink):
         super().__init__(output, frames, height, width)
         command = [*_encoder_command(width, height, fps, crf, preset), "-movflags", "+faststart", str(self.temp)]
         try:
-            # ffmpeg's messages, in an unnamed file beside OUT (the folder takes files; the temporary folder
-            # may not exist): nothing to clean up, whatever happens.
-            self.log = tempfile.TemporaryFile(dir=output.parent)
+            self.log = _message_file(output.parent)
         except OSError as error:
             self.discard()
             raise WriteError(
-                f"{output.parent}: cannot create a file for ffmpeg's messages ({error.strerror})"
+                f"{shown(output.parent)}: cannot create a file for ffmpeg's messages ({error.strerror})"
             ) from None
         try:
             self.process = subprocess.Popen(
@@ -330,7 +383,7 @@ class Mp4Sink(Sink):
         except OSError as error:
             self.process = None
             self.discard()
-            raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_EXTRA}") from None
+            raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_INSTALL}") from None
 
     def _write(self, data: memoryview) -> None:
         try:
@@ -348,13 +401,20 @@ class Mp4Sink(Sink):
             raise WriteError(self._ffmpeg_failed())
         frames = count_mp4_frames(self.temp)
         if frames != self.frames:
-            raise WriteError(f"{self.output}: the encoded file reads back {frames} of {self.frames} frames")
+            raise WriteError(f"{shown(self.output)}: the encoded file reads back {frames} of {self.frames} frames")
 
     def _ffmpeg_failed(self) -> str:
         self.log.seek(0)
         lines = [line.strip() for line in self.log.read().decode(errors="replace").splitlines() if line.strip()]
-        reason = lines[-1] if lines else "no message"
-        return f"{self.output}: ffmpeg failed (exit status {self.process.returncode}: {reason}); nothing was written"
+        # ffmpeg exits with the negated errno of a failed write (228 for ENOSPC) and says it in its last line.
+        status = self.process.returncode
+        if status in (256 - errno.ENOSPC, 256 - errno.EDQUOT) or (lines and os.strerror(errno.ENOSPC) in lines[-1]):
+            return self._no_space()
+        if status < 0:  # a signal: the CPU time limit (`ulimit -t`), the OOM killer, another user
+            name = next((s.name for s in signal.Signals if s == -status), f"signal {-status}")
+            return f"{shown(self.output)}: ffmpeg was stopped by {name}; nothing was written"
+        reason = one_line(lines[-1]) if lines else "no message"
+        return f"{shown(self.output)}: ffmpeg failed (exit status {status}: {reason}); nothing was written"
 
     def _abort(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -367,6 +427,15 @@ class Mp4Sink(Sink):
                 pass
         if self.log is not None:
             self.log.close()
+
+
+def _message_file(folder: Path):
+    """An unnamed file for ffmpeg's messages: in memory (memfd), so that it needs no disk (a full disk is where
+    ffmpeg's reason matters most) and leaves nothing to clean up; elsewhere, an unnamed file in `folder` (it
+    takes files; the temporary folder may not exist)."""
+    if hasattr(os, "memfd_create"):
+        return os.fdopen(os.memfd_create("ffmpeg-messages"), "w+b")
+    return tempfile.TemporaryFile(dir=folder)
 
 
 def count_mp4_frames(path: Path) -> int | None:

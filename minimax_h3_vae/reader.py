@@ -19,20 +19,32 @@ from pathlib import Path
 
 import torch
 
-# safetensors dtype names -> (the torch dtype's name, bytes per element).
+# Every dtype the safetensors format names -> (the torch dtype's name, or None where torch has none that reads
+# the stored bytes element for element; bits per element). A tensor of any of them may sit in a file beside the
+# ones we read: its entry is checked like any other, and only the tensors read must have a dtype we take.
 DTYPE_NAMES = {
-    "F64": ("float64", 8),
-    "F32": ("float32", 4),
-    "F16": ("float16", 2),
-    "BF16": ("bfloat16", 2),
-    "F8_E4M3": ("float8_e4m3fn", 1),
-    "F8_E5M2": ("float8_e5m2", 1),
-    "I64": ("int64", 8),
-    "I32": ("int32", 4),
-    "I16": ("int16", 2),
-    "I8": ("int8", 1),
-    "U8": ("uint8", 1),
-    "BOOL": ("bool", 1),
+    "F64": ("float64", 64),
+    "F32": ("float32", 32),
+    "F16": ("float16", 16),
+    "BF16": ("bfloat16", 16),
+    "F8_E4M3": ("float8_e4m3fn", 8),
+    "F8_E5M2": ("float8_e5m2", 8),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 8),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 8),
+    "F8_E8M0": ("float8_e8m0fnu", 8),
+    "F6_E2M3": (None, 6),
+    "F6_E3M2": (None, 6),
+    "F4": (None, 4),  # torch's float4_e2m1fn_x2 packs two per element: not the stored shape
+    "C64": ("complex64", 64),
+    "I64": ("int64", 64),
+    "I32": ("int32", 32),
+    "I16": ("int16", 16),
+    "I8": ("int8", 8),
+    "U64": ("uint64", 64),
+    "U32": ("uint32", 32),
+    "U16": ("uint16", 16),
+    "U8": ("uint8", 8),
+    "BOOL": ("bool", 8),
 }
 # The floating-point dtypes a checkpoint's weights may have, which the device reader copies as they are.
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -53,7 +65,8 @@ class TensorEntry:
     @property
     def torch_dtype(self) -> torch.dtype | None:
         """The torch dtype of `dtype`, or None when torch has none."""
-        return getattr(torch, DTYPE_NAMES[self.dtype][0], None)
+        name = DTYPE_NAMES[self.dtype][0]
+        return getattr(torch, name, None) if name else None
 
 
 @dataclass(frozen=True)
@@ -70,33 +83,68 @@ class Header:
         return self.data_start + max((entry.end for entry in self.tensors.values()), default=0)
 
 
+class NotSafetensors(ValueError):
+    """A file that is not in the safetensors format at all (a pickle, a zip, text), as opposed to a damaged one."""
+
+
+class _Twice(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; a name given twice is an error (json.loads would keep the last)."""
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        raise _Twice(next(name for name in names if names.count(name) > 1))
+    return dict(pairs)
+
+
 def read_header(path: str | os.PathLike) -> Header:
-    """The header of a safetensors file, checked: size-capped, a JSON object of tensor entries whose dtype,
-    shape and byte range agree, and a file long enough for the data. ValueError says what is wrong."""
+    """The header of a safetensors file, checked as the safetensors library checks it, and before any tensor
+    is read: size-capped, a JSON object with no name twice, `__metadata__` (if any) mapping names to strings,
+    tensor entries whose dtype, shape and byte range agree, byte ranges that tile the data section with no
+    gap or overlap, and a file exactly as long as the header says. NotSafetensors for a file of another
+    format; ValueError says what is wrong with a damaged one."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise ValueError("shorter than a safetensors header")
+            raise NotSafetensors("not a safetensors file (shorter than the 8 bytes that begin one)")
         length = int.from_bytes(prefix, "little")
         if length > MAX_HEADER_BYTES:
-            raise ValueError(f"header of {length} bytes (the format allows {MAX_HEADER_BYTES})")
+            raise NotSafetensors(
+                f"not a safetensors file (its first 8 bytes, read as the length of its header, give {length} "
+                f"bytes; the format allows {MAX_HEADER_BYTES})"
+            )
         raw = f.read(length)
         size = os.fstat(f.fileno()).st_size
+    if raw.lstrip()[:1] != b"{":
+        raise NotSafetensors("not a safetensors file (no JSON header follows its first 8 bytes)")
     if len(raw) < length:
         raise ValueError(f"file is truncated inside its header ({size} bytes)")
     try:
-        entries = json.loads(raw)
+        entries = json.loads(raw, object_pairs_hook=_unique)
+    except _Twice as error:
+        raise ValueError(f"header names {str(error)!r} twice") from None
     except (ValueError, RecursionError) as error:
         raise ValueError(f"header is not JSON ({error})") from None
     if not isinstance(entries, dict):
         raise ValueError("header is not a JSON object")
-    metadata = entries.pop("__metadata__", None) or {}
+    metadata = entries.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise ValueError("header metadata must map names to strings")
     tensors = {name: _entry(name, value) for name, value in entries.items()}
+    end = 0  # the tensors' bytes, in file order, must follow one another from the start of the data section
+    for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
+        if entry.begin != end:
+            where = "overlap the tensor before it" if entry.begin < end else "leave a gap after the tensor before it"
+            raise ValueError(f"tensor {name!r}: its bytes {entry.begin}..{entry.end} {where}")
+        end = entry.end
     header = Header(8 + length, tensors, metadata)
     if size < header.data_end:
         raise ValueError(f"file is truncated ({size} bytes, its header describes {header.data_end})")
+    if size > header.data_end:
+        raise ValueError(f"file has {size - header.data_end} bytes after the data its header describes")
     return header
 
 
@@ -108,9 +156,29 @@ def _entry(name: str, value) -> TensorEntry:
         whole = False
     if not whole or dtype not in DTYPE_NAMES:
         raise ValueError(f"tensor {name!r}: not a valid header entry")
-    if end - begin != math.prod(shape) * DTYPE_NAMES[dtype][1]:
+    bits = math.prod(shape) * DTYPE_NAMES[dtype][1]
+    if bits % 8 or end - begin != bits // 8:
         raise ValueError(f"tensor {name!r}: its byte range does not match its shape {list(shape)} and dtype {dtype}")
     return TensorEntry(dtype, shape, begin, end)
+
+
+def read_tensor(path: str | os.PathLike, header: Header, name: str) -> torch.Tensor:
+    """Tensor `name` of the file whose header is `header`, on the CPU, bit for bit as stored. Its dtype must
+    have a torch dtype (`TensorEntry.torch_dtype`); the file's other tensors are not looked at. OSError for
+    a file that ends early (it changed since its header was read)."""
+    entry = header.tensors[name]
+    out = torch.empty(entry.shape, dtype=entry.torch_dtype)
+    if out.numel():
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        with open(path, "rb") as f:
+            f.seek(header.data_start + entry.begin)
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise OSError(f"unexpected end of file at byte {header.data_start + entry.begin + done}")
+                done += got
+    return out
 
 
 class DeviceReader:

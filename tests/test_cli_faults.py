@@ -9,10 +9,12 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -157,8 +159,8 @@ def test_full_disk_keeps_the_old_mp4(capsys, tmp_path):
         out.write_bytes(OLD)
         code, err = run_cli(capsys, EXAMPLE_LATENTS, out)
         assert code == 1
-        line = one_error_line(err)
-        assert "ffmpeg failed" in line or "No space left" in line
+        line = one_error_line(err)  # issue 30, row 7: the disk named, not "ffmpeg failed (... no message)"
+        assert f"{out}: no space left on the disk of {disk}; free some space" in line, line
         assert out.read_bytes() == OLD and tree(disk) == {out.name}
 
 
@@ -178,7 +180,7 @@ def test_full_disk_while_streaming_safetensors(capsys, tmp_path, monkeypatch):
     out.write_bytes(OLD)
     z = torch.randn(24, 12, 2, 2, generator=torch.Generator().manual_seed(1))
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors", z), out)
-    assert code == 1 and "No space left on device" in one_error_line(err)
+    assert code == 1 and f"{out}: no space left on the disk of {tmp_path}" in one_error_line(err)
     assert out.read_bytes() == OLD and tree(tmp_path) == {"v.safetensors", "z.safetensors"}
 
 
@@ -532,7 +534,9 @@ def test_missing_imageio_ffmpeg_is_named_before_the_model_loads(capsys, tmp_path
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4")
     assert code == 2
-    assert 'pip install "minimax-h3-vae[video]"' in one_error_line(err)
+    line = one_error_line(err)  # issue 30: advice that works from a clone (the package is not on the index)
+    assert 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"' in line, line
+    assert "minimax-h3-vae[" not in line
     assert tree(tmp_path) == {"z.safetensors"}
 
 
@@ -559,3 +563,176 @@ def test_crf_and_preset_reach_the_encoder(capsys, tmp_path):
         assert iio.imread(out).shape == (9, 64, 64, 3)
         sizes[name] = out.stat().st_size
     assert sizes["crf40"] < sizes["default"] and sizes["fast"] != sizes["default"]
+
+
+# ---- issue 30 (round 4): the command's faults ---------------------------------------------------------------
+
+
+def run_cli_or_parser(capsys, *args) -> tuple[int, str]:
+    """run_cli, counting a value the argument parser refuses (one line, SystemExit(2)) as its exit code."""
+    try:
+        return run_cli(capsys, *args)
+    except SystemExit as exit:
+        return exit.code, capsys.readouterr().err
+
+
+def test_30_4_ulimit_t_leaves_no_litter(tmp_path):
+    """`ulimit -t N` sets the soft and the hard CPU limit both to N: the kernel's SIGKILL would come with no
+    SIGXCPU first (exit 137, the .part file left). The command lowers its soft limit, so SIGXCPU comes first:
+    exit 152, one line, nothing left. A real process under the limit (1 thread: CPU time ~ wall time)."""
+    out = tmp_path / "v.safetensors"
+    out.write_bytes(OLD)
+    z = torch.randn(24, 1600, 8, 8, generator=torch.Generator().manual_seed(30))  # 10-20 CPU s of decoding
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as stderr:
+        result = subprocess.run(
+            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            timeout=120,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (4, 4)),  # as `ulimit -t 4` sets it
+        )
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert result.returncode == 128 + signal.SIGXCPU, lines[-3:]
+    assert lines[-1] == "interrupted by SIGXCPU: nothing was written"
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.safetensors", "z.safetensors", "stderr.txt"}
+
+
+def fill(folder: Path) -> None:
+    """Fill the filesystem of `folder` to the last block."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(2**16)):
+            pass
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_30_7_disk_filled_while_writing_safetensors(capsys, tmp_path, monkeypatch):
+    """A real tmpfs that has room at the preflight and is filled by someone else right after it: the error
+    names the output and its disk and says there is no space left (the writer's second failure, as its file
+    is closed, does not replace it), the writer thread is stopped, and nothing is left."""
+    real = output.check_free_space
+
+    def check_then_fill(out, needed):
+        real(out, needed)
+        fill(out.parent)
+
+    monkeypatch.setattr(output, "check_free_space", check_then_fill)
+    z = torch.randn(24, 12, 4, 4, generator=torch.Generator().manual_seed(31))  # 45 frames of 64x64: 550 kB
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        out = disk / "v.safetensors"
+        out.write_bytes(OLD)
+        code, err = run_cli(capsys, latents, out)
+        assert code == 1
+        assert f"{out}: no space left on the disk of {disk}; free some space" in one_error_line(err), err
+        assert out.read_bytes() == OLD and tree(disk) == {"v.safetensors", "filler"}
+    assert not [t for t in threading.enumerate() if t.name == "frame-writer"], "the writer thread was left running"
+
+
+def test_30_7_cleanup_never_raises_over_the_first_error(tmp_path):
+    """A sink whose writer fails again as it is closed (a full disk): discard removes the file and raises
+    nothing, so the first error is the one reported."""
+    sink = output.SafetensorsSink(tmp_path / "v.safetensors", 2, 4, 4)
+
+    def close_fails():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    sink.handle.close = close_fails
+    sink.discard()
+    assert tree(tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--fps", "2_4"), ("--fps", " 24"), ("--fps", "\u0662\u0664"), ("--crf", "1_7"), ("--tile-batch", "\u0661")]
+    + [("--max-gpu-memory", "1_0"), ("--fps", "infinity")],
+)
+def test_30_13_flags_read_numbers_strictly(capsys, tmp_path, no_model_load, flag, value):
+    """The flags read numbers the one strict way the files' metadata is read (tests/test_latents_file.py):
+    Python's int() and float() take "1_7" as 17 and other scripts' digits."""
+    code, err = run_cli_or_parser(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", flag, value)
+    assert code == 2, err
+    line = one_error_line(err)
+    assert f"argument {flag}: {value!r} is not a" in line and "written in digits" in line, line
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_30_16_a_name_too_long_is_bad_input_before_decoding(capsys, tmp_path, no_model_load):
+    latents = latents_file(tmp_path / "z.safetensors")
+    code, err = run_cli(capsys, latents, tmp_path / ("v" * 252 + ".mp4"))
+    assert code == 2 and "is 256 bytes long, the filesystem takes at most 255" in one_error_line(err)
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+DEEP = Path("/" + "d/" * 2100)  # 4201 bytes: more than Linux's PATH_MAX of 4096
+
+
+@pytest.mark.parametrize("which", ["OUT", "IN"])
+def test_30_16_a_path_over_path_max_is_bad_input_before_decoding(capsys, tmp_path, no_model_load, which):
+    latents, out = latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4"
+    if which == "OUT":
+        code, err = run_cli(capsys, latents, DEEP / "v.mp4")
+        assert code == 2 and "bytes long" in one_error_line(err) and "give a shorter path" in err, err
+    else:
+        code, err = run_cli(capsys, DEEP / "z.safetensors", out)
+        assert code == 2 and "cannot read it (File name too long)" in one_error_line(err), err
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_30_16_a_checkpoint_path_over_path_max_is_a_checkpoint_error():
+    with pytest.raises(loading.CheckpointError, match="cannot look there \\(File name too long\\)"):
+        loading.load_checkpoint(DEEP / "model")
+
+
+def lines_of(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", ["unknown_format", "missing_input", "missing_folder", "missing_model", "bad_shape"])
+def test_30_17_every_message_is_one_line_whatever_the_names(capsys, tmp_path, case):
+    """Names holding a newline (or a tab, an escape): each path is shown quoted, so that every line the
+    command prints, and its error line, stay one line."""
+    odd = "new\nline\t\x1b[31m"
+    latents, out, flags = latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", []
+    if case == "unknown_format":
+        out = tmp_path / f"{odd}.mp3"
+    elif case == "missing_input":
+        latents = tmp_path / f"{odd}.safetensors"
+    elif case == "missing_folder":
+        out = tmp_path / odd / "v.mp4"
+    elif case == "missing_model":
+        flags = ["--model", tmp_path / odd]
+    else:
+        latents = latents_file(tmp_path / f"{odd}.safetensors", torch.zeros(16, 3, 2, 2))
+    code, err = run_cli(capsys, latents, out, *flags)
+    assert code == 2
+    assert all(line.startswith(("error: ", "loading ")) for line in lines_of(err)), err
+    line = one_error_line(err)
+    assert repr(odd) in line or repr(str(tmp_path / odd)) in line or "new\\nline\\t\\x1b[31m" in line, line
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_30_24_tile_batch_messages_speak_the_flags_language(capsys, tmp_path, no_model_load, value):
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", "--tile-batch", value)
+    line = one_error_line(err)
+    assert code == 2 and line.startswith("error: --tile-batch must be") and f"got {value}" in line, line
+    assert "None" not in line and "leave --tile-batch out" in line
+
+
+def test_30_the_source_folder_as_model_names_the_folder_to_give(capsys, tmp_path):
+    """--model .../video_vae/source looked for source/source/config.json: say which folder to give."""
+    code, err = run_cli(
+        capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", "--model", TINY / "video_vae" / "source"
+    )
+    line = one_error_line(err)
+    assert (
+        code == 2 and "is the source/ folder" in line and f"give the folder that holds it, {TINY / 'video_vae'}" in line
+    )
+    assert "source/source" not in line

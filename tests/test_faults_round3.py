@@ -293,7 +293,7 @@ def test_16_save_latents_honours_umask_and_refuses_a_huge_fps(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
-    with pytest.raises(ValueError, match="fps must be a positive number"):
+    with pytest.raises(ValueError, match="fps must be a frame rate between 0.01 and 1000"):
         save_latents(tmp_path / "y.safetensors", torch.zeros(24, 1, 1, 1), fps=10**400)
 
 
