@@ -3,7 +3,9 @@ arrive, verified, and only then renamed over OUT.
 
     preflight(OUT)            the folder exists and takes a file, enough free space, the writer is installed
     open_sink(OUT, ...)       Mp4Sink (frames piped to ffmpeg) or SafetensorsSink (header first, then frames)
-    sink.write(frames)        uint8 (f, H, W, 3) on the CPU, in order
+    sink.convert(video)       a chunk of decoder output -> the frames the sink takes, on the chunk's device
+                              (uint8 RGB (f, H, W, 3); for an mp4 of crf > 0, BT.709 yuv420p planes)
+    sink.write(frames)        those frames, on the CPU, in order
     sink.commit()             finish, verify (frame count read back, size), keep OUT's permission bits, rename
     sink.discard()            stop the writer, remove the temporary file; OUT is untouched
     BackgroundWriter(sink)    the sink's writes in a thread, beside the decode (CUDA frames copied without waiting)
@@ -32,11 +34,22 @@ from pathlib import Path
 
 import torch
 
+from .colour import yuv420p_bytes
+from .frames import to_uint8_frames, to_yuv420p_frames
+
 OUTPUT_FORMATS = (".mp4", ".safetensors")
 TEMP_PREFIX = ".minimax-h3-decode-"
 # Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
 FPS_RANGE = (0.01, 1000.0)
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
+# What the yuv420p frames sent to ffmpeg are (colour.py), said to ffmpeg twice: on the input, so that
+# ffmpeg (7.1 and later negotiate colour spaces in the filter graph) sees nothing to convert and hands the
+# planes to libx264 as they are; on the output, so that an ffmpeg which takes the stream's colour tags from
+# the encoder's options rather than from the frames writes them too. libx264 writes them into the H.264
+# VUI and the mp4 muxer into its colr box. Left siting is H.264's default (x264 signals no chroma location
+# for it; players assume it), so naming it changes no byte; it says what the planes hold.
+BT709_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
+BT709_TAGS += ["-chroma_sample_location", "left"]
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 VIDEO_EXTRA = 'pip install "minimax-h3-vae[video]"'
 # The least space an mp4 of F frames can take, as a share of its raw RGB size: for the preflight only, so
@@ -141,7 +154,7 @@ def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, p
     command = [*_encoder_command(width, height, fps, crf, preset), "-frames:v", "1", "-f", "null", "-"]
     result = subprocess.run(
         command,
-        input=bytes(width * height * 3),
+        input=bytes(width * height * 3 if crf == 0 else yuv420p_bytes(height, width)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -153,12 +166,13 @@ def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, p
 
 
 def _encoder_command(width: int, height: int, fps: float, crf: int, preset: str | None) -> list[str]:
-    """ffmpeg reading raw RGB frames from stdin and encoding H.264: the command imageio-ffmpeg's write_frames
-    builds, so the default output is unchanged. crf 0 is RGB 4:4:4, lossless (see Mp4Sink)."""
-    codec, pix_fmt = ("libx264rgb", "rgb24") if crf == 0 else ("libx264", "yuv420p")
+    """ffmpeg reading raw frames from stdin and encoding H.264 (see Mp4Sink). crf 1-51: BT.709 limited-range
+    yuv420p planes in (colour.py), encoded by libx264 as they are (the same pix_fmt in and out, the same
+    tags: no conversion), the stream tagged bt709 / tv. crf 0: rgb24 in, libx264rgb, RGB 4:4:4, lossless."""
+    codec, pix_fmt, tags = ("libx264rgb", "rgb24", []) if crf == 0 else ("libx264", "yuv420p", BT709_TAGS)
     command = [ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}"]
-    command += ["-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
-    command += ["-vcodec", codec, "-pix_fmt", pix_fmt, "-v", "error", "-crf", str(crf)]
+    command += ["-pix_fmt", pix_fmt, *tags, "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
+    command += ["-vcodec", codec, "-pix_fmt", pix_fmt, *tags, "-v", "error", "-crf", str(crf)]
     return command + (["-preset", preset] if preset else [])
 
 
@@ -187,17 +201,26 @@ def _tensor_bytes(frames: torch.Tensor) -> memoryview:
 
 
 class Sink:
-    """A temporary file beside `output` that receives `frames` uint8 frames of (height, width, 3)."""
+    """A temporary file beside `output` that receives `frames` frames of height x width, as uint8 tensors
+    (f, *frame_shape): RGB (f, H, W, 3) unless a subclass takes another format (see `convert`)."""
 
     def __init__(self, output: Path, frames: int, height: int, width: int):
         self.output, self.frames, self.height, self.width = output, frames, height, width
+        self.frame_shape = (height, width, 3)
         self.written = 0
         self.temp = create_temp(output)
 
+    def convert(self, video: torch.Tensor) -> torch.Tensor:
+        """Decoder output of one chunk, (1, 3, f, H, W) or (3, f, H, W), ImageNet-normalised, on any device
+        -> the frames `write` takes, on the same device (so a CUDA chunk is converted before it is copied):
+        here uint8 RGB (f, H, W, 3), rounded."""
+        return to_uint8_frames(video)
+
     def write(self, frames: torch.Tensor) -> None:
-        """frames: uint8 (f, H, W, 3) on the CPU."""
-        if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != (self.height, self.width, 3):
-            raise ValueError(f"frames must be uint8 (f, {self.height}, {self.width}, 3), got {tuple(frames.shape)}")
+        """frames: uint8 (f, *frame_shape) on the CPU, as `convert` makes them."""
+        if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != self.frame_shape:
+            expected = ", ".join(str(size) for size in ("f", *self.frame_shape))
+            raise ValueError(f"frames must be uint8 ({expected}), got {frames.dtype} {tuple(frames.shape)}")
         if self.written + frames.shape[0] > self.frames:
             raise WriteError(f"{self.output}: more frames than the {self.frames} announced")
         frames = frames.contiguous()
@@ -304,7 +327,9 @@ class Mp4Sink(Sink):
     reaches this process alone and the cleanup decides what happens to ffmpeg. Its exit status is checked
     and the frame count read back from the finished file before it may replace OUT.
 
-    crf 1-51: libx264, yuv420p (plays everywhere). crf 0: libx264rgb, RGB 4:4:4, lossless (the frames read
+    crf 1-51: libx264, yuv420p (plays everywhere): `convert` makes BT.709 limited-range 4:2:0 planes
+    (colour.py) on the chunk's device, frames (f, H * W * 3 // 2), and ffmpeg encodes them as they are, the
+    stream tagged bt709 / tv. crf 0: libx264rgb, RGB 4:4:4 from uint8 RGB frames, lossless (the frames read
     back are exactly the decoded ones; many players cannot play it).
     """
 
@@ -313,6 +338,9 @@ class Mp4Sink(Sink):
     ):
         self.process = self.log = None
         super().__init__(output, frames, height, width)
+        self.planar = crf != 0
+        if self.planar:
+            self.frame_shape = (yuv420p_bytes(height, width),)
         command = [*_encoder_command(width, height, fps, crf, preset), "-movflags", "+faststart", str(self.temp)]
         try:
             # ffmpeg's messages, in an unnamed file beside OUT (the folder takes files; the temporary folder
@@ -331,6 +359,9 @@ class Mp4Sink(Sink):
             self.process = None
             self.discard()
             raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_EXTRA}") from None
+
+    def convert(self, video: torch.Tensor) -> torch.Tensor:
+        return to_yuv420p_frames(video) if self.planar else super().convert(video)
 
     def _write(self, data: memoryview) -> None:
         try:
@@ -408,12 +439,12 @@ def open_sink(
 class BackgroundWriter:
     """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
 
-    `put(frames)` takes one chunk's uint8 frames (f, H, W, 3) on the CPU or a CUDA device. CUDA frames are
-    copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
-    of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
-    host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
-    host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
-    `put` or at `close`.
+    `put(frames)` takes one chunk's frames as the sink takes them (uint8, `sink.convert`) on the CPU or a
+    CUDA device. CUDA frames are copied into a pinned host buffer in stream order, without waiting; `put`
+    then waits only for the copy of the chunk before, so the GPU always has the next chunk's work queued
+    while the host writes, and the host runs at most one chunk ahead of the GPU. At most `depth` chunks wait
+    for the thread, which bounds host memory (`depth` + 2 pinned buffers). An error in the writer is raised
+    in the caller at its next `put` or at `close`.
     """
 
     def __init__(self, sink: Sink, depth: int = 2):
@@ -448,8 +479,9 @@ class BackgroundWriter:
                 self.idle.put(buffer)
 
     def put(self, frames, finite=None) -> None:
-        """frames: one chunk's uint8 frames. finite: a bool tensor on the frames' device, False when the
-        chunk they were made from held NaN or Inf; read only after the copy landed, so it costs no wait."""
+        """frames: one chunk's uint8 frames, in the sink's format. finite: a bool tensor on the frames'
+        device, False when the chunk they were made from held NaN or Inf; read only after the copy landed, so
+        it costs no wait."""
         if self.error is not None:
             raise self.error
         buffer = copied = None
