@@ -162,6 +162,28 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
             sink.discard()
 
 
+def scalers(command: list[str], width: int, height: int) -> list[str]:
+    """ffmpeg's debug lines for the scale filters it inserts by itself (its colour and format conversions)
+    while encoding one frame with `command`, fed enough bytes for an RGB frame."""
+    command = list(command)
+    command[command.index("-v") + 1] = "debug"  # ffmpeg takes the first -v it finds
+    result = subprocess.run(
+        [*command, "-frames:v", "1", "-f", "null", "-"], input=bytes(width * height * 3), capture_output=True
+    )
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stderr.decode().splitlines() if "auto-inserting filter 'auto_scale" in line]
+
+
+def test_ffmpeg_converts_nothing():
+    """The encoder gets the planes as they are piped: ffmpeg inserts no scaler (no swscale pass) for the
+    yuv420p mp4, nor for lossless RGB. The check sees one where ffmpeg must convert (rgb24 in, yuv420p out)."""
+    for crf in (17, 0):
+        assert scalers(output._encoder_command(64, 32, 24.0, crf, None), 64, 32) == []
+    ff = output.ffmpeg_exe()
+    converting = [ff, "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "64x32", "-i", "-", "-c:v", "libx264"]
+    assert scalers([*converting, "-pix_fmt", "yuv420p", "-v", "error"], 64, 32)
+
+
 # ---- the mp4, written by the command and read back by ffmpeg -----------------------------------------
 
 HEIGHT, WIDTH, FPS = 64, 128, 24.0
