@@ -12,8 +12,8 @@ The plan counts the large buffers (small ones are noise), by what holds them:
   stitched frames of this window and the previous one (the cross-fade holds its tail);
 - one decoder call's activations (`tile_bytes` per tile), and with offload="blocks" every tile's residual
   stream and normed input, which stay on the device through the layer-major loop;
-- the float32 copies that `to_uint8_frames` (or the mp4's `to_yuv420p_frames`, which holds less) makes of
-  one chunk;
+- the float32 copies that `to_uint8_frames` or the mp4's `to_yuv420p_frames` makes of one chunk (two at
+  most, both in `to_unit_rgb`);
 - on the host: the latents as read, denormalised and padded (three float32 copies), and the uint8 frames
   on their way to the writer (the chunk being converted, two queued, one being written).
 On the CPU the device is the host: every count lands in `host`.
