@@ -42,12 +42,13 @@ TEMP_PREFIX = ".minimax-h3-decode-"
 # Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
 FPS_RANGE = (0.01, 1000.0)
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
-# What the yuv420p frames sent to ffmpeg are (colour.py), said to ffmpeg twice: on the input, so that
-# ffmpeg (7.1 and later negotiate colour spaces in the filter graph) sees nothing to convert and hands the
-# planes to libx264 as they are; on the output, so that an ffmpeg which takes the stream's colour tags from
-# the encoder's options rather than from the frames writes them too. libx264 writes them into the H.264
-# VUI and the mp4 muxer into its colr box. Left siting is H.264's default (x264 signals no chroma location
-# for it; players assume it), so naming it changes no byte; it says what the planes hold.
+# What the yuv420p frames sent to ffmpeg are (colour.py), said to ffmpeg twice. On the input: ffmpeg
+# negotiates colour spaces in its filter graph (imageio-ffmpeg's 9.0 does), and untagged planes would be
+# converted by swscale to the tagged output (BT.601 read as BT.709: red's Y' 63 became 58); tagged, nothing
+# is converted and the frames carry the tags to the encoder. On the output: for an ffmpeg that takes them
+# from the encoder's options (9.0 takes primaries and transfer from the frames only). libx264 writes them
+# into the H.264 VUI, the mp4 muxer into its colr box. Left siting is H.264's default (x264 signals no
+# chroma location for it; decoders assume it), so naming it changes no byte; it says what the planes hold.
 BT709_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
 BT709_TAGS += ["-chroma_sample_location", "left"]
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
@@ -439,12 +440,12 @@ def open_sink(
 class BackgroundWriter:
     """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
 
-    `put(frames)` takes one chunk's frames as the sink takes them (uint8, `sink.convert`) on the CPU or a
-    CUDA device. CUDA frames are copied into a pinned host buffer in stream order, without waiting; `put`
-    then waits only for the copy of the chunk before, so the GPU always has the next chunk's work queued
-    while the host writes, and the host runs at most one chunk ahead of the GPU. At most `depth` chunks wait
-    for the thread, which bounds host memory (`depth` + 2 pinned buffers). An error in the writer is raised
-    in the caller at its next `put` or at `close`.
+    `put(frames)` takes one chunk's uint8 frames (`sink.convert`'s) on the CPU or a CUDA device. CUDA frames are
+    copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
+    of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
+    host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
+    host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
+    `put` or at `close`.
     """
 
     def __init__(self, sink: Sink, depth: int = 2):
@@ -479,9 +480,8 @@ class BackgroundWriter:
                 self.idle.put(buffer)
 
     def put(self, frames, finite=None) -> None:
-        """frames: one chunk's uint8 frames, in the sink's format. finite: a bool tensor on the frames'
-        device, False when the chunk they were made from held NaN or Inf; read only after the copy landed, so
-        it costs no wait."""
+        """frames: one chunk's uint8 frames. finite: a bool tensor on the frames' device, False when the
+        chunk they were made from held NaN or Inf; read only after the copy landed, so it costs no wait."""
         if self.error is not None:
             raise self.error
         buffer = copied = None
