@@ -413,8 +413,6 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     import torch
     from tqdm import tqdm
 
-    from .frames import to_uint8_frames
-
     decoder, z, sink = prepared.decoder, prepared.z, prepared.sink
     device = decoder.device
     output_rank = 0 if ranks > 1 else None  # rank 0 writes the file: the others need not receive the frames
@@ -454,7 +452,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         for chunk in decoder.decode_stream(z.to(device), progress, output_rank=output_rank):
             error = None
             try:  # the finite check stays on the device: the writer reads it once the copy has landed
-                writer.put(to_uint8_frames(chunk), torch.isfinite(chunk).all())
+                writer.put(sink.convert(chunk), torch.isfinite(chunk).all())
             except Exception as failure:
                 error = failure
             agree(error, ranks)

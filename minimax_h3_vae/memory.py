@@ -12,7 +12,8 @@ The plan counts the large buffers (small ones are noise), by what holds them:
   stitched frames of this window and the previous one (the cross-fade holds its tail);
 - one decoder call's activations (`tile_bytes` per tile), and with offload="blocks" every tile's residual
   stream and normed input, which stay on the device through the layer-major loop;
-- the float32 copies that `to_uint8_frames` makes of one chunk;
+- the float32 copies that `to_uint8_frames` or the mp4's `to_yuv420p_frames` makes of one chunk (two at
+  most, both in `to_unit_rgb`);
 - on the host: the latents as read, denormalised and padded (three float32 copies), and the uint8 frames
   on their way to the writer (the chunk being converted, two queued, one being written).
 On the CPU the device is the host: every count lands in `host`.
@@ -74,7 +75,7 @@ class MemoryPlan:
     state_per_tile: int  # offload="blocks": one tile's residual stream and normed input, kept between blocks
     tiles: int  # tiles per window, every video of the batch
     tiles_per_call: int  # as planned: the tile batch, or 1 when it is automatic (it then adapts)
-    frames_out: int  # float32 copies `to_uint8_frames` makes of one chunk
+    frames_out: int  # float32 copies `to_uint8_frames` or `to_yuv420p_frames` makes of one chunk
     host_latents: int  # host: the latents as read, denormalised and padded
     host_frames: int  # host: uint8 frames in flight to the writer
     on_cpu: bool

@@ -3,7 +3,9 @@ arrive, verified, and only then renamed over OUT.
 
     preflight(OUT)            the folder exists and takes a file, enough free space, the writer is installed
     open_sink(OUT, ...)       Mp4Sink (frames piped to ffmpeg) or SafetensorsSink (header first, then frames)
-    sink.write(frames)        uint8 (f, H, W, 3) on the CPU, in order
+    sink.convert(video)       a chunk of decoder output -> the frames the sink takes, on the chunk's device
+                              (uint8 RGB (f, H, W, 3); for an mp4 of crf > 0, BT.709 yuv420p planes)
+    sink.write(frames)        those frames, on the CPU, in order
     sink.commit()             finish, verify (frame count read back, size), keep OUT's permission bits, rename
     sink.discard()            stop the writer, remove the temporary file; OUT is untouched
     BackgroundWriter(sink)    the sink's writes in a thread, beside the decode (CUDA frames copied without waiting)
@@ -33,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from .colour import yuv420p_bytes
+from .frames import NON_FINITE_FRAMES, to_uint8_frames, to_yuv420p_frames
 from .text import one_line, shown
 
 OUTPUT_FORMATS = (".mp4", ".safetensors")
@@ -40,6 +44,15 @@ TEMP_PREFIX = ".minimax-h3-decode-"
 # Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
 FPS_RANGE = (0.01, 1000.0)
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
+# What the yuv420p frames sent to ffmpeg are (colour.py), said to ffmpeg twice. On the input: ffmpeg
+# negotiates colour spaces in its filter graph (imageio-ffmpeg's 9.0 does), and untagged planes would be
+# converted by swscale to the tagged output (BT.601 read as BT.709: red's Y' 63 became 58); tagged, nothing
+# is converted and the frames carry the tags to the encoder. On the output: for an ffmpeg that takes them
+# from the encoder's options (9.0 takes primaries and transfer from the frames only). libx264 writes them
+# into the H.264 VUI, the mp4 muxer into its colr box. Left siting is H.264's default (x264 signals no
+# chroma location for it; decoders assume it), so naming it changes no byte; it says what the planes hold.
+BT709_TAGS = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv"]
+BT709_TAGS += ["-chroma_sample_location", "left"]
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 # How to get the mp4 writer: the package is installed from a checkout (it is not on the package index).
 VIDEO_INSTALL = 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"'
@@ -176,7 +189,7 @@ def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, p
     command = [*_encoder_command(width, height, fps, crf, preset), "-frames:v", "1", "-f", "null", "-"]
     result = subprocess.run(
         command,
-        input=bytes(width * height * 3),
+        input=bytes(width * height * 3 if crf == 0 else yuv420p_bytes(height, width)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -190,12 +203,13 @@ def check_encoder(output: Path, width: int, height: int, fps: float, crf: int, p
 
 
 def _encoder_command(width: int, height: int, fps: float, crf: int, preset: str | None) -> list[str]:
-    """ffmpeg reading raw RGB frames from stdin and encoding H.264: the command imageio-ffmpeg's write_frames
-    builds, so the default output is unchanged. crf 0 is RGB 4:4:4, lossless (see Mp4Sink)."""
-    codec, pix_fmt = ("libx264rgb", "rgb24") if crf == 0 else ("libx264", "yuv420p")
+    """ffmpeg reading raw frames from stdin and encoding H.264 (see Mp4Sink). crf 1-51: BT.709 limited-range
+    yuv420p planes in (colour.py), encoded by libx264 as they are (the same pix_fmt in and out, the same
+    tags: no conversion), the stream tagged bt709 / tv. crf 0: rgb24 in, libx264rgb, RGB 4:4:4, lossless."""
+    codec, pix_fmt, tags = ("libx264rgb", "rgb24", []) if crf == 0 else ("libx264", "yuv420p", BT709_TAGS)
     command = [ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}"]
-    command += ["-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
-    command += ["-vcodec", codec, "-pix_fmt", pix_fmt, "-v", "error", "-crf", str(crf)]
+    command += ["-pix_fmt", pix_fmt, *tags, "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an"]
+    command += ["-vcodec", codec, "-pix_fmt", pix_fmt, *tags, "-v", "error", "-crf", str(crf)]
     return command + (["-preset", preset] if preset else [])
 
 
@@ -224,20 +238,29 @@ def _tensor_bytes(frames: torch.Tensor) -> memoryview:
 
 
 class Sink:
-    """A temporary file beside `output` that receives `frames` uint8 frames of (height, width, 3)."""
+    """A temporary file beside `output` that receives `frames` frames of height x width, as uint8 tensors
+    (f, *frame_shape): RGB (f, H, W, 3) unless a subclass takes another format (see `convert`)."""
 
     def __init__(self, output: Path, frames: int, height: int, width: int):
         self.output, self.frames, self.height, self.width = output, frames, height, width
+        self.frame_shape = (height, width, 3)
         self.written = 0
         try:
             self.temp = create_temp(output)
         except OSError as error:  # a disk out of inodes, a folder made read-only since the preflight
             raise WriteError(self._failed(error)) from None
 
+    def convert(self, video: torch.Tensor) -> torch.Tensor:
+        """Decoder output of one chunk, (1, 3, f, H, W) or (3, f, H, W), ImageNet-normalised, on any device
+        -> the frames `write` takes, on the same device (so a CUDA chunk is converted before it is copied):
+        here uint8 RGB (f, H, W, 3), rounded."""
+        return to_uint8_frames(video)
+
     def write(self, frames: torch.Tensor) -> None:
-        """frames: uint8 (f, H, W, 3) on the CPU."""
-        if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != (self.height, self.width, 3):
-            raise ValueError(f"frames must be uint8 (f, {self.height}, {self.width}, 3), got {tuple(frames.shape)}")
+        """frames: uint8 (f, *frame_shape) on the CPU, as `convert` makes them."""
+        if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != self.frame_shape:
+            expected = ", ".join(str(size) for size in ("f", *self.frame_shape))
+            raise ValueError(f"frames must be uint8 ({expected}), got {frames.dtype} {tuple(frames.shape)}")
         if self.written + frames.shape[0] > self.frames:
             raise WriteError(f"{shown(self.output)}: more frames than the {self.frames} announced")
         frames = frames.contiguous()
@@ -359,7 +382,9 @@ class Mp4Sink(Sink):
     reaches this process alone and the cleanup decides what happens to ffmpeg. Its exit status is checked
     and the frame count read back from the finished file before it may replace OUT.
 
-    crf 1-51: libx264, yuv420p (plays everywhere). crf 0: libx264rgb, RGB 4:4:4, lossless (the frames read
+    crf 1-51: libx264, yuv420p (plays everywhere): `convert` makes BT.709 limited-range 4:2:0 planes
+    (colour.py) on the chunk's device, frames (f, H * W * 3 // 2), and ffmpeg encodes them as they are, the
+    stream tagged bt709 / tv. crf 0: libx264rgb, RGB 4:4:4 from uint8 RGB frames, lossless (the frames read
     back are exactly the decoded ones; many players cannot play it).
     """
 
@@ -368,6 +393,9 @@ class Mp4Sink(Sink):
     ):
         self.process = self.log = None
         super().__init__(output, frames, height, width)
+        self.planar = crf != 0
+        if self.planar:
+            self.frame_shape = (yuv420p_bytes(height, width),)
         command = [*_encoder_command(width, height, fps, crf, preset), "-movflags", "+faststart", str(self.temp)]
         try:
             self.log = _message_file(output.parent)
@@ -384,6 +412,9 @@ class Mp4Sink(Sink):
             self.process = None
             self.discard()
             raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_INSTALL}") from None
+
+    def convert(self, video: torch.Tensor) -> torch.Tensor:
+        return to_yuv420p_frames(video) if self.planar else super().convert(video)
 
     def _write(self, data: memoryview) -> None:
         try:
@@ -477,7 +508,7 @@ def open_sink(
 class BackgroundWriter:
     """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
 
-    `put(frames)` takes one chunk's uint8 frames (f, H, W, 3) on the CPU or a CUDA device. CUDA frames are
+    `put(frames)` takes one chunk's uint8 frames (`sink.convert`'s) on the CPU or a CUDA device. CUDA frames are
     copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
     of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
     host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
@@ -505,10 +536,7 @@ class BackgroundWriter:
                     if copied is not None:
                         copied.synchronize()
                     if finite is not None and not bool(finite):
-                        raise WriteError(
-                            f"{self.sink.output}: the decoded frames hold NaN or Inf (latents or weights out of "
-                            "range); nothing was written"
-                        )
+                        raise WriteError(f"{shown(self.sink.output)}: {NON_FINITE_FRAMES}; nothing was written")
                     self.sink.write(frames)
                     self.first_written = self.first_written or time.perf_counter()
                 except BaseException as error:  # handed to the caller; keep draining so it never blocks
