@@ -1,5 +1,6 @@
-"""Standalone, exact and fast decoder for MiniMax-H3 video latents."""
+"""Standalone, exact and fast decoder for MiniMax-H3 video latents, and for its audio latents."""
 
+from .audio import H3AudioDecoder, H3AudioDecoderConfig
 from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import to_uint8_frames, to_unit_rgb
@@ -9,6 +10,8 @@ from .tiling import Tiling
 
 __all__ = [
     "DecodeOptions",
+    "H3AudioDecoder",
+    "H3AudioDecoderConfig",
     "H3DecoderConfig",
     "H3VideoDecoder",
     "Runtime",
