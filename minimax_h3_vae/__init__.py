@@ -1,6 +1,7 @@
 """Standalone, exact and fast decoder for MiniMax-H3 video latents, and for its audio latents."""
 
-from .audio import H3AudioDecoder, H3AudioDecoderConfig
+from .audio.config import H3AudioDecoderConfig
+from .audio.decoder import H3AudioDecoder
 from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import to_uint8_frames, to_unit_rgb

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minimax_h3_vae import H3AudioDecoder, H3VideoDecoder
-from minimax_h3_vae.audio import check_audio_latents
+from minimax_h3_vae.audio.decoder import check_audio_latents
 from minimax_h3_vae.loading import CheckpointError
 
 
