@@ -142,7 +142,7 @@ def write_comfyui(path: Path, vae, filters: bool = True) -> Path:
 def diffusers_waveform(vae, audio_latents: torch.Tensor) -> torch.Tensor:
     """diffusers' H3 audio decode step on (C, channels, N) normalised latents -> (C, samples): its
     denormalisation (float32 statistics from the config), then `decode`."""
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=audio_latents.device).view(1, -1, 1)
+    std = torch.tensor(vae.config.latents_std, device=audio_latents.device).view(1, -1, 1)
     with torch.inference_mode():
         return vae.decode(audio_latents * std + mean).sample.squeeze(1)

@@ -116,3 +116,16 @@ def test_the_fused_option_selects_the_kernel_on_a_device_that_runs_it(audio_layo
     """fused=False is the eager op everywhere; on the CPU the default is eager (the reference)."""
     eager = H3AudioDecoder.from_pretrained(audio_layouts["original"], device="cpu")
     assert eager.fused is False and eager.ops().anti_aliased_snake_beta.__module__ == "minimax_h3_vae.audio.model"
+
+
+def test_the_audio_model_never_imports_the_loaders_or_the_runtime():
+    """audio/model.py is the reference of record: modules and ops only (the fused kernel imports it)."""
+    from test_doors import package_imports
+
+    graph = package_imports()
+    reached, todo = set(), ["audio.model"]
+    while todo:
+        for target in graph[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    assert reached <= {"audio", "audio.config", "config", "__init__"}, reached

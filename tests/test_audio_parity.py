@@ -9,6 +9,8 @@ order (`(b0 + b1) + b2`, then `/ 3`). So equality is exact, not within a toleran
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from audio_checkpoints import OTHER_GEOMETRY, diffusers_waveform, random_diffusers_audio_vae, write_diffusers
@@ -62,3 +64,17 @@ def test_the_pipeline_stereo_layout(audio_layouts, audio_oracle):
     both = decoder.decode(z)
     pipeline = diffusers_waveform(audio_oracle, z).unsqueeze(1).permute(1, 0, 2)  # the pipeline's (1, 2, samples)
     assert torch.equal(both, pipeline[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_decode_equals_diffusers_with_tf32_off(audio_layouts, audio_oracle):
+    """On CUDA our eager convolutions pass TF32 off per call; diffusers' follow the process-wide switch, off here.
+    cuDNN's deterministic mode (which our convolutions read) keeps both from atomics-based algorithms, so the
+    same algorithms on the same values give the same bits."""
+    decoder = H3AudioDecoder.from_pretrained(audio_layouts["diffusers"], device="cuda", fused=False)
+    vae = copy.deepcopy(audio_oracle).to("cuda")
+    z = latents(audio_oracle, 9, seed=7).cuda()
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+        expected = diffusers_waveform(vae, z)
+        got = decoder.decode(z)
+    assert torch.equal(got, expected)
