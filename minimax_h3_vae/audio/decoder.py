@@ -34,7 +34,7 @@ class H3AudioDecoder(AudioDecoder):
     def __init__(self, config: H3AudioDecoderConfig, fused: bool = False):
         super().__init__(config)
         self.fused = fused
-        self._ops: SimpleNamespace | None = None
+        self._ops: dict[torch.device, SimpleNamespace] = {}  # the fused path's ops, per device
 
     @classmethod
     def from_pretrained(
@@ -81,15 +81,15 @@ class H3AudioDecoder(AudioDecoder):
         return self.config.hop_length
 
     def ops(self) -> SimpleNamespace:
-        """The activation op: eager, or the fused kernel when `self.fused` (selected once, with a warning naming
-        the kernel and why when it cannot run here; the eager op then runs)."""
+        """The activation op: eager, or the fused kernel when `self.fused` (selected once per device, with a
+        warning naming the kernel and why when it cannot run there; the eager op then runs)."""
         if not self.fused:
             return EAGER_OPS
-        if self._ops is None:
+        if self.device not in self._ops:
             from .. import fused
 
-            self._ops = fused.select_audio_ops(self.device)
-        return self._ops
+            self._ops[self.device] = fused.select_audio_ops(self.device)
+        return self._ops[self.device]
 
     def denormalize(self, audio_latents: torch.Tensor) -> torch.Tensor:
         """Pipeline audio latents (C, latent_channels, N) -> the decoder's input, float32 on its device:

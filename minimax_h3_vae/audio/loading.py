@@ -375,14 +375,15 @@ def _open_diffusers(folder: Path, config: dict[str, Any], origin: str) -> AudioC
 
 def _open_comfyui(path: Path, origin: str) -> AudioCheckpoint:
     where, shapes = _headers([path], origin, DECODER_PREFIXES)
-    if "dec_in_proj.weight" not in shapes:
-        raise CheckpointError(f"{origin}: no dec_in_proj.weight: not a MiniMax-H3 audio VAE file")
-    proj, pre = shapes["dec_in_proj.weight"], shapes.get("decoder.conv_pre.weight", ())
-    if len(proj) != 3 or len(pre) != 3:
-        raise CheckpointError(
-            f"{origin}: dec_in_proj.weight {list(proj)} / decoder.conv_pre.weight {list(pre)} are not 3-D convs: "
-            "not a MiniMax-H3 audio VAE file"
-        )
+    for name in ("dec_in_proj.weight", "decoder.conv_pre.weight"):
+        if name not in shapes:
+            raise CheckpointError(f"{origin}: no {name}: not a MiniMax-H3 audio VAE file")
+        if len(shapes[name]) != 3:
+            raise CheckpointError(
+                f"{origin}: {name} has shape {list(shapes[name])}, not a conv's (out, in, kernel): not a MiniMax-H3 "
+                "audio VAE file"
+            )
+    proj, pre = shapes["dec_in_proj.weight"], shapes["decoder.conv_pre.weight"]
     stats = {}
     for name in STATS:
         if shapes.get(name) == (proj[1],):

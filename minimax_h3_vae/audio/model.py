@@ -78,8 +78,8 @@ def anti_aliased_snake_beta(
 
     Upsample: replicate-pad by 5, depthwise transposed conv with stride 2, times 2, crop 15 off each end (2L
     samples u). SnakeBeta per channel: `u + inv_mag * sin(freq * u)^2`. Downsample: replicate-pad by (5, 6),
-    depthwise conv with stride 2 (L samples). The ops and their order are the release's, so the values are
-    bit for bit those of diffusers' modules on the same device.
+    depthwise conv with stride 2 (L samples). The ops and their order are the release's: on the CPU the values
+    are bit for bit those of diffusers' modules, and on CUDA too where cuDNN picks the same algorithms.
     """
     channels = x.shape[1]
     h = F.pad(x, (PAD, PAD), mode="replicate")
