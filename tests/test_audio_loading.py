@@ -236,6 +236,7 @@ def test_config_that_does_not_describe_the_weights(audio_layouts, tmp_path, fiel
         (lambda k: k.update(decoder_rates=[8, 5, 5, 4]), "decoder_rates=[8, 5, 5, 4] is not supported"),
         (lambda k: k.update(latent_dim=1024), "latent_dim=1024 is not supported (only 32)"),
         (lambda k: k.update(snake_logscale=False), "settings this decoder does not implement: ['snake_logscale']"),
+        (lambda k: k.update(encoder_dim="64"), "encoder_dim must be a whole number from 1 to 65536"),
     ],
 )
 def test_original_settings_we_do_not_reproduce(audio_layouts, tmp_path, edit, words):

@@ -269,8 +269,11 @@ def original_config(wrapper: dict[str, Any], metadata: dict[str, Any]) -> H3Audi
     _expect(kwargs, "metadata.json kwargs", decoder_rates=list(RELEASED_UPSAMPLE_RATES))
     _expect(wrapper, "audio_vae/config.json", sample_rate=RELEASED_SAMPLE_RATE)
     encoder_dim, encoder_rates = kwargs.get("encoder_dim", 64), kwargs.get("encoder_rates", [2, 4, 4, 5, 5])
-    if not (isinstance(encoder_dim, int) and isinstance(encoder_rates, list) and 1 <= encoder_dim <= 2**16):
-        raise ConfigError(f"metadata.json kwargs: encoder_dim {encoder_dim!r} / encoder_rates {encoder_rates!r}")
+    if not (type(encoder_dim) is int and isinstance(encoder_rates, list) and 1 <= encoder_dim <= 2**16):
+        raise ConfigError(
+            "metadata.json kwargs: encoder_dim must be a whole number from 1 to 65536 and encoder_rates a list (they "
+            f"give latent_dim), got {encoder_dim!r} and {encoder_rates!r}"
+        )
     latent_dim = encoder_dim * 2 ** min(len(encoder_rates), 32)
     _expect(kwargs, "metadata.json kwargs", latent_dim=latent_dim)
     channels = kwargs.get("vae_latent_channels", 32)

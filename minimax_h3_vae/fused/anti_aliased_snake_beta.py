@@ -77,8 +77,8 @@ def _anti_aliased_snake_beta_kernel(
     """x, out: (rows, length) float32 contiguous; row r is channel r % channels. freq, inv_mag: (channels,)
     float32. up, down: (12,) float32. Grid: (rows * tiles,); a program writes BLOCK - HALO outputs of one row.
 
-    sin is CUDA's accurate sinf (libdevice), the function torch's sin runs; the interpreter has no libdevice
-    and uses `tl.sin`."""
+    sin is CUDA's accurate sinf (libdevice's, within 2 ulp), not the faster approximation; the interpreter has
+    no libdevice and uses `tl.sin` (numpy's)."""
     pid = tl.program_id(0)
     row = pid // tiles
     start = (pid % tiles) * (BLOCK - HALO)
@@ -160,9 +160,9 @@ def anti_aliased_snake_beta(
     rows, length = x.shape[0] * x.shape[1], x.shape[2]
     if out.numel() == 0:
         return out
-    # Short rows (the first stages run at 5-2000 samples per row) take a smaller block, not 1024 idle lanes.
-    block = min(_BLOCK, max(16, triton.next_power_of_2(length + _HALO)))
-    tiles = triton.cdiv(length, block - _HALO)
+    # One block size for every row length, so one compiled kernel serves every stage and clip length (short
+    # rows, 5 samples per latent in the first stage of a one-latent decode, leave lanes idle: a tiny cost).
+    tiles = triton.cdiv(length, _BLOCK - _HALO)
     _anti_aliased_snake_beta_kernel[(rows * tiles,)](
         x,
         freq,
@@ -173,7 +173,7 @@ def anti_aliased_snake_beta(
         x.shape[1],
         length,
         tiles,
-        BLOCK=block,
+        BLOCK=_BLOCK,
         HALO=_HALO,
         LIBDEVICE_SIN=not built_for_interpreter(_anti_aliased_snake_beta_kernel),
         num_warps=4,
