@@ -1,5 +1,7 @@
-"""Standalone, exact and fast decoder for MiniMax-H3 video latents."""
+"""Standalone, exact and fast decoder for MiniMax-H3 video latents, and for its audio latents."""
 
+from .audio.config import H3AudioDecoderConfig
+from .audio.decoder import H3AudioDecoder
 from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import to_uint8_frames, to_unit_rgb
@@ -9,6 +11,8 @@ from .tiling import Tiling
 
 __all__ = [
     "DecodeOptions",
+    "H3AudioDecoder",
+    "H3AudioDecoderConfig",
     "H3DecoderConfig",
     "H3VideoDecoder",
     "Runtime",

@@ -213,9 +213,13 @@ def _read_json(path: Path, origin: str) -> dict:
 
 
 def _inside(folder: Path, name: str | Path, origin: str) -> Path:
-    """folder / name, which a checkpoint's own files may name only inside the checkpoint's folder."""
+    """folder / name, which a checkpoint's own files may name only inside the checkpoint's folder: no absolute
+    name, no `..` out of it, no folder on the way that links out of it. The file itself may be a link: the
+    Hugging Face cache links each snapshot file to its blob, outside the snapshot."""
     path = folder / name
-    if Path(name).is_absolute() or not os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep):
+    root, parent = os.path.realpath(folder), os.path.realpath(path.parent)
+    escapes = Path(name).is_absolute() or Path(os.path.normpath(name)).parts[:1] == ("..",)
+    if escapes or not (parent == root or parent.startswith(root + os.sep)):
         raise CheckpointError(
             f"{origin}: names {str(name)!r}, outside its folder {folder}; a checkpoint's files stay in it"
         )
@@ -253,8 +257,11 @@ def _check_against_tensors(config: H3DecoderConfig, shapes: dict[str, tuple[int,
         )
 
 
-def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
-    """Which file holds each key, and its shape, from the safetensors headers alone."""
+def _headers(
+    files: list[Path], origin: str, prefixes: tuple[str, ...] = DECODER_PREFIXES
+) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
+    """Which file holds each key, and its shape, from the safetensors headers alone; a key of the decoder
+    (starting with one of `prefixes`) must be floating point."""
     where, shapes = {}, {}
     for path in files:
         if not path.is_file():
@@ -270,7 +277,7 @@ def _headers(files: list[Path], origin: str) -> tuple[dict[str, Path], dict[str,
                 f"{path}: not a readable safetensors file ({error}); it may be truncated or corrupt: download it again"
             ) from None
         for key, entry in header.tensors.items():
-            if key.startswith(DECODER_PREFIXES) and entry.dtype not in DTYPES:  # int8, bool: not this model's
+            if key.startswith(prefixes) and entry.dtype not in DTYPES:  # int8, bool: not this model's
                 raise CheckpointError(
                     f"{path}: tensor {key!r} is {entry.dtype}, not floating point: not this model's weights "
                     "(a quantised file?); use a float16 or float32 checkpoint"
@@ -496,12 +503,13 @@ def diffusers_config(config: dict[str, Any]) -> H3DecoderConfig:
     )
 
 
-def _decoder_shards(index: Path, origin: str) -> list[str]:
-    """The shard files a diffusers index names for the decoder's tensors, sorted (the encoder's are not read)."""
+def _decoder_shards(index: Path, origin: str, prefixes: tuple[str, ...] = DECODER_PREFIXES) -> list[str]:
+    """The shard files a diffusers index names for the decoder's tensors (those starting with one of
+    `prefixes`), sorted (the encoder's are not read)."""
     weight_map = _read_json(index, origin).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
         raise CheckpointError(f"{origin}: {index}: weight_map must map tensor names to file names")
-    return sorted({name for key, name in weight_map.items() if key.startswith(DECODER_PREFIXES)})
+    return sorted({name for key, name in weight_map.items() if key.startswith(prefixes)})
 
 
 def _open_diffusers(folder: Path, origin: str) -> Checkpoint:
@@ -571,7 +579,58 @@ def comfyui_config(
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
-    """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache.
+    """Fetch only the files the decoder needs (original layout, else diffusers) into the HF cache, by
+    `hub_snapshot`'s policy."""
+    return hub_snapshot(
+        repo_id,
+        revision,
+        (_locate_original, diffusers_locator(DIFFUSERS_SUBFOLDER, DECODER_PREFIXES)),
+        f"neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ with a video VAE",
+    )
+
+
+def _locate_original(repo_id: str, fetch: Callable[[str], Path], local_only: bool) -> Path:
+    """The original layout's three files (`FL2VA/video_vae/`); returns the folder."""
+    sub = ORIGINAL_SUBFOLDERS[0]
+    wrapper = _read_json(fetch(f"{sub}/config.json"), repo_id)  # a broken cached copy: CheckpointError
+    source, weights_name = wrapper.get("source_path", "source"), wrapper.get("source_safetensors_path")
+    if not isinstance(source, str) or not isinstance(weights_name or "", str):
+        raise CheckpointError(f"{repo_id}: {sub}/config.json names its files with non-strings")
+    fetch(f"{sub}/{source}/config.json")
+    weights = fetch(f"{sub}/{source}/{weights_name or 'model.safetensors'}")
+    return weights.parents[len(Path(source).parts)]
+
+
+def diffusers_locator(subfolder: str, prefixes: tuple[str, ...]) -> Callable[[str, Callable, bool], Path]:
+    """A `hub_snapshot` locator of a diffusers folder: its config.json, and the index's shards that hold keys
+    starting with `prefixes` (else the single weights file); returns the folder."""
+
+    def locate(repo_id: str, fetch: Callable[[str], Path], local_only: bool) -> Path:
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+        config = fetch(f"{subfolder}/config.json")
+        try:
+            for name in _decoder_shards(fetch(f"{subfolder}/{DIFFUSERS_INDEX}"), repo_id, prefixes):
+                fetch(f"{subfolder}/{name}")
+        except LocalEntryNotFoundError:
+            if not local_only:
+                raise
+            fetch(f"{subfolder}/{DIFFUSERS_SINGLE}")
+        except EntryNotFoundError:
+            fetch(f"{subfolder}/{DIFFUSERS_SINGLE}")
+        return config.parent
+
+    return locate
+
+
+def hub_snapshot(repo_id: str, revision: str | None, locators: tuple[Callable, ...], missing: str) -> Path:
+    """Fetch one component's files into the HF cache; returns its folder there. Shared by the video and the
+    audio loader.
+
+    Each locator, `locate(repo_id, fetch, local_only)`, fetches one layout's files through `fetch(filename)`
+    and returns the folder; they are tried in order, the next when the hub says a file of this one is not
+    there (or, looking in the cache only, when the cache lacks one). `missing` says what a repo that holds
+    none of them lacks ("neither X/ nor Y/ with a video VAE").
 
     With no revision, or a commit hash, the local cache is looked at first, with no network at all: a repo
     cached once loads offline at once (without a revision: the commit cached as `main`). A branch or tag
@@ -593,31 +652,16 @@ def _download(repo_id: str, revision: str | None) -> Path:
         def fetch(filename: str) -> Path:
             return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_only))
 
-        try:
-            sub = ORIGINAL_SUBFOLDERS[0]
-            wrapper = _read_json(fetch(f"{sub}/config.json"), repo_id)  # a broken cached copy: CheckpointError
-            source, weights_name = wrapper.get("source_path", "source"), wrapper.get("source_safetensors_path")
-            if not isinstance(source, str) or not isinstance(weights_name or "", str):
-                raise CheckpointError(f"{repo_id}: {sub}/config.json names its files with non-strings")
-            fetch(f"{sub}/{source}/config.json")
-            weights = fetch(f"{sub}/{source}/{weights_name or 'model.safetensors'}")
-            return weights.parents[len(Path(source).parts)]
-        except LocalEntryNotFoundError:
-            if not local_only:  # the hub was not reached: the other layout would not be either
-                raise
-        except EntryNotFoundError:  # the hub says the original layout is not there
-            pass
-        config = fetch(f"{DIFFUSERS_SUBFOLDER}/config.json")
-        try:
-            for name in _decoder_shards(fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_INDEX}"), repo_id):
-                fetch(f"{DIFFUSERS_SUBFOLDER}/{name}")
-        except LocalEntryNotFoundError:
-            if not local_only:
-                raise
-            fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
-        except EntryNotFoundError:
-            fetch(f"{DIFFUSERS_SUBFOLDER}/{DIFFUSERS_SINGLE}")
-        return config.parent
+        *fallbacks, final = locators
+        for locator in fallbacks:
+            try:
+                return locator(repo_id, fetch, local_only)
+            except LocalEntryNotFoundError:
+                if not local_only:  # the hub was not reached: the other layout would not be either
+                    raise
+            except EntryNotFoundError:  # the hub says this layout is not there
+                pass
+        return final(repo_id, fetch, local_only)
 
     named = revision is not None and re.fullmatch(r"[0-9a-f]{40}", revision) is None  # a branch or a tag
     try:
@@ -641,9 +685,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
             f"{repo_id}: not found on the Hugging Face hub: check the repo id and revision, or log in for a gated repo"
         ) from None
     except EntryNotFoundError:
-        raise CheckpointError(
-            f"{repo_id}: holds neither {ORIGINAL_SUBFOLDERS[0]}/ nor {DIFFUSERS_SUBFOLDER}/ with a video VAE"
-        ) from None
+        raise CheckpointError(f"{repo_id}: holds {missing}") from None
 
 
 def _hub_reachable(endpoint: str) -> bool:

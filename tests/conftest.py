@@ -71,3 +71,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def audio_oracle():
+    """diffusers' AutoencoderKLMiniMaxH3Audio with the release's stage structure, small, every parameter random."""
+    from audio_checkpoints import random_diffusers_audio_vae
+
+    return random_diffusers_audio_vae(seed=0)
+
+
+@pytest.fixture(scope="session")
+def audio_layouts(tmp_path_factory, audio_oracle) -> dict[str, Path]:
+    """The oracle in each layout, inside one repo root as on the hub: FL2VA/audio_vae/ (original), audio_vae/
+    (diffusers, in 3 shards with an index), and a ComfyUI file."""
+    from audio_checkpoints import write_comfyui, write_diffusers, write_original
+
+    root = tmp_path_factory.mktemp("MiniMax-H3-audio")
+    (root / "comfyui").mkdir()
+    return {
+        "original": write_original(root / "FL2VA" / "audio_vae", audio_oracle),
+        "diffusers": write_diffusers(root / "audio_vae", audio_oracle, shards=3),
+        "comfyui": write_comfyui(root / "comfyui" / "minimax_h3_audio_vae_fp32.safetensors", audio_oracle),
+    }

@@ -1,7 +1,7 @@
 """Triton kernels for the decoder's pointwise ops and its float32 output projection; (gemm="quack") quack's
 GEMMs for w1 with the gate and for the attention's projection with the QK norm and RoPE, in their epilogues,
 and for the output projection over split fp16 operands; (attention="fa4") FlashAttention 4's Hopper kernel
-for the attention.
+for the attention. For the audio decoder, the anti-aliased activation's kernel (`select_audio_ops`).
 
 `select_ops(config, device, dtype, gemm, attention)` builds a model's ops once: for each op, the kernel's launcher when
 the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import blocks
+from ..audio import model as audio_model
 from ..config import H3DecoderConfig
 from ._common import LAUNCHES, device_problem
 
-__all__ = ["FUSED_OPS", "launch_counts", "select_ops", "uses_fa4", "uses_quack", "warm_up"]
+__all__ = ["FUSED_OPS", "launch_counts", "select_audio_ops", "select_ops", "uses_fa4", "uses_quack", "warm_up"]
 
 # op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
 KERNELS = {
@@ -58,7 +59,7 @@ FUSED_OPS = (*KERNELS, *AFTER_CUBLAS)
 def launch_counts() -> dict[str, int]:
     """Kernel launches since import, per kernel (its module's name): 'rms_norm', 'scale_add_rms_norm',
     'qk_rms_norm_rope', 'silu_mul', 'tf32x3_linear', quack's 'linear_silu_mul', 'linear_qk_rms_norm_rope' and
-    'fp16x3_linear', and flash-attn-4's 'flash_attention'."""
+    'fp16x3_linear', flash-attn-4's 'flash_attention', and the audio decoder's 'anti_aliased_snake_beta'."""
     return dict(LAUNCHES)
 
 
@@ -199,3 +200,30 @@ def select_ops(
             stacklevel=3,
         )
     return SimpleNamespace(**ops)
+
+
+def select_audio_ops(device: torch.device) -> SimpleNamespace:
+    """The audio decoder's ops on `device`: the anti-aliased activation's kernel where it can run (float32
+    activations laid out as the decoder holds them), else the eager op, with one warning naming the kernel and
+    why."""
+    device = torch.device(device)
+    channels = 2
+    args = (
+        torch.zeros(1, channels, 16, device=device),
+        torch.zeros(1, channels, 1, device=device),
+        torch.zeros(1, channels, 1, device=device),
+        torch.zeros(1, 1, audio_model.FILTER_TAPS, device=device),
+        torch.zeros(1, 1, audio_model.FILTER_TAPS, device=device),
+    )
+    # The device test comes first so that a kernel that cannot launch here is never defined.
+    problem = device_problem(args)
+    kernel = None if problem else importlib.import_module(f"{__name__}.anti_aliased_snake_beta")
+    why = problem or kernel.unsupported(*args)
+    if why is None:
+        return SimpleNamespace(anti_aliased_snake_beta=kernel.anti_aliased_snake_beta)
+    warnings.warn(
+        f"fused path on {device}: running without the kernel(s) anti_aliased_snake_beta ({why}; the eager op runs "
+        "instead)",
+        stacklevel=3,
+    )
+    return audio_model.EAGER_OPS

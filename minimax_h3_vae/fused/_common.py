@@ -29,6 +29,7 @@ LAUNCHES = {
     "linear_silu_mul": 0,
     "linear_qk_rms_norm_rope": 0,
     "flash_attention": 0,
+    "anti_aliased_snake_beta": 0,
 }
 
 

@@ -1,0 +1,144 @@
+"""`H3AudioDecoder`: H3's audio latents to sound, as released.
+
+    audio latents (C, 32, N), normalised, one stereo channel per batch item (2 in H3)
+      -> z * latents_std + latents_mean per latent channel (float32, as the pipeline does)
+      -> AudioDecoder (audio/model.py): dec_in_proj + BigVGAN, anti-aliased activations through the run's ops
+      -> (C, 800 N) float32 waveform in [-1, 1] at 32 kHz
+
+The fused path (CUDA, where Triton runs) swaps the eager anti-aliased activation for its kernel
+(fused/anti_aliased_snake_beta.py); everything else is the same float32 code.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+from ..latents import LATENT_LIMIT, check_dtype
+from ..runtime import resolve_device, resolve_fused
+from .config import H3AudioDecoderConfig
+from .loading import DEFAULT_REPO, AudioCheckpoint, load_checkpoint, load_weights
+from .model import EAGER_OPS, AudioDecoder
+
+
+class H3AudioDecoder(AudioDecoder):
+    """Decodes MiniMax-H3 audio latents into a waveform per stereo channel, exactly as released, in float32.
+
+    Build it with `H3AudioDecoder.from_pretrained(...)`; `decode(audio_latents)` is the whole release pipeline
+    (denormalisation included). The checkpoint is `self.config`; `self.fused` says whether the anti-aliased
+    activations run as the Triton kernel.
+    """
+
+    def __init__(self, config: H3AudioDecoderConfig, fused: bool = False):
+        super().__init__(config)
+        self.fused = fused
+        self._ops: dict[torch.device, SimpleNamespace] = {}  # the fused path's ops, per device
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        source: str | os.PathLike = DEFAULT_REPO,
+        *,
+        device: str | torch.device | None = None,
+        revision: str | None = None,
+        fused: bool | None = None,
+    ) -> H3AudioDecoder:
+        """Load the audio decoder from a hub repo id, a local repo root, an original `audio_vae/` folder (the
+        release's `FL2VA/audio_vae/`), a diffusers `audio_vae/` folder, or a ComfyUI single `.safetensors` file.
+        From the hub, only the audio VAE's files are downloaded.
+
+        device: "cpu", "cuda", "cuda:N" (None: CUDA when available). fused: True / False (None: the
+        MINIMAX_H3_VAE_FUSED variable, else on for CUDA when Triton imports); both are checked, as for the video
+        decoder, before the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none loads
+        a cached copy without asking the hub, a branch or tag asks the hub for its newest commit first.
+        """
+        device = resolve_device(device)
+        fused = resolve_fused(fused, device)
+        return cls.from_checkpoint(load_checkpoint(source, revision=revision), device=device, fused=fused)
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: AudioCheckpoint, *, device: str | torch.device | None = None, fused: bool | None = None
+    ) -> H3AudioDecoder:
+        """Build the decoder from a located checkpoint (`audio.loading.load_checkpoint`), options as in
+        `from_pretrained`."""
+        device = resolve_device(device)
+        fused = resolve_fused(fused, device)
+        with torch.device("meta"):
+            model = cls(checkpoint.config, fused)
+        load_weights(model, checkpoint, device)
+        return model
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def hop_length(self) -> int:
+        """Samples per latent (800)."""
+        return self.config.hop_length
+
+    def ops(self) -> SimpleNamespace:
+        """The activation op: eager, or the fused kernel when `self.fused` (selected once per device, with a
+        warning naming the kernel and why when it cannot run there; the eager op then runs)."""
+        if not self.fused:
+            return EAGER_OPS
+        if self.device not in self._ops:
+            from .. import fused
+
+            self._ops[self.device] = fused.select_audio_ops(self.device)
+        return self._ops[self.device]
+
+    def denormalize(self, audio_latents: torch.Tensor) -> torch.Tensor:
+        """Pipeline audio latents (C, latent_channels, N) -> the decoder's input, float32 on its device:
+        `z * latents_std + latents_mean` per latent channel, both float32 (the pipeline's arithmetic)."""
+        check_audio_latents(audio_latents, self.config.latent_channels)
+        z = audio_latents.to(device=self.device, dtype=torch.float32)
+        std = torch.tensor(self.config.latents_std, dtype=torch.float32, device=self.device).view(1, -1, 1)
+        mean = torch.tensor(self.config.latents_mean, dtype=torch.float32, device=self.device).view(1, -1, 1)
+        return z * std + mean
+
+    @torch.inference_mode()
+    def decode(self, audio_latents: torch.Tensor) -> torch.Tensor:
+        """Normalised audio latents (C, latent_channels, N) as H3's pipeline makes them (C = 2: the stereo
+        channels, left then right) -> waveform (C, N * hop_length) float32 in [-1, 1] at `sample_rate` Hz, on the
+        decoder's device. Any C >= 1 is decoded, one mono channel per batch item."""
+        if self.device.type == "meta":
+            raise ValueError(
+                "the decoder's weights are on the meta device and hold no values: load it with from_pretrained"
+            )
+        if self.dec_in_proj.weight.dtype != torch.float32:
+            raise ValueError(
+                f"the audio decoder's weights were cast ({self.dec_in_proj.weight.dtype}): it runs in float32 only "
+                "(bf16 decodes come out about 20 dB quieter); load it again"
+            )
+        return self(self.denormalize(audio_latents), self.ops()).squeeze(1)
+
+
+def check_audio_latents(z: torch.Tensor, channels: int) -> None:
+    """Raise ValueError naming the problem for audio latents the decoder cannot take.
+
+    z: (C, channels, N), C stereo channels (2 in H3), N >= 1 latents (40 per second), float32/float16/bfloat16/
+    float64, on a device that holds data, finite and within +-LATENT_LIMIT.
+    """
+    layout = f"(2, {channels}, N): the stereo channels, {channels} latent channels, N latents"
+    if not isinstance(z, torch.Tensor):
+        raise ValueError(f"audio latents must be a torch.Tensor, got {type(z).__name__}")
+    if z.ndim != 3 or z.shape[1] != channels:
+        raise ValueError(f"audio latents must be {layout}; got shape {tuple(z.shape)}")
+    if min(z.shape) == 0:
+        raise ValueError(f"audio latents are empty: shape {tuple(z.shape)}")
+    check_dtype(z.dtype)
+    if z.is_meta:
+        raise ValueError(
+            "audio latents are on the meta device and hold no values; move real latents to 'cpu' or 'cuda'"
+        )
+    if not (z.abs() <= LATENT_LIMIT).all():  # one pass: NaN compares False, Inf is above the limit
+        if not torch.isfinite(z).all():
+            raise ValueError("audio latents contain NaN or Inf")
+        raise ValueError(
+            f"audio latents hold values up to {z.abs().max().item():.3g}, beyond +-{LATENT_LIMIT:g}: not H3 audio "
+            "latents (normalised ones are about N(0, 1))"
+        )
