@@ -142,6 +142,41 @@ def test_cublas_never_imports_the_quack_module(monkeypatch):
     assert imported and not any(name.endswith(tuple(fused.QUACK_KERNELS)) for name in imported)
 
 
+def test_the_dsl_logger_gets_quacks_fingerprint_and_no_other_logger_does():
+    """quack's compile-cache keyer needs a fingerprint of the CuTe DSL's logger: that one object gets it (its
+    class becomes a subclass with the key); logging.Logger and every other logger of the host are unchanged,
+    and the keyed logger still logs."""
+    import logging
+    import types
+
+    from minimax_h3_vae.fused import _quack
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    dsl = types.SimpleNamespace(logger=logging.Logger("cutlass-dsl-stand-in"))
+    dsl.logger.addHandler(handler)
+    other = logging.Logger("host")
+    _quack.key_logger(dsl)
+    _quack.key_logger(dsl)  # once is enough; again changes nothing
+    assert type(dsl.logger).__quack_semantic_key__(dsl.logger) == ("logging.Logger", "cutlass-dsl-stand-in")
+    assert isinstance(dsl.logger, logging.Logger) and type(dsl.logger).__mro__[1] is logging.Logger
+    assert not hasattr(logging.Logger, "__quack_semantic_key__") and type(other) is logging.Logger
+    dsl.logger.warning("still logs")
+    assert [r.getMessage() for r in records] == ["still logs"]
+
+
+@needs_quack
+def test_loading_quack_leaves_the_logging_classes_alone():
+    import logging
+
+    from minimax_h3_vae.fused import _quack
+
+    _quack.load()
+    assert not hasattr(logging.Logger, "__quack_semantic_key__")
+    assert not hasattr(logging.getLoggerClass(), "__quack_semantic_key__")
+
+
 def test_eager_op_is_linear_then_gate():
     """The block's w1 op is the release's two steps, w1's output rounded to fp16 before the gate."""
     x, w, b = torch.randn(4, 16).half(), torch.randn(32, 16).half(), torch.randn(32).half()

@@ -30,17 +30,32 @@ def installed() -> bool:
 
 @functools.cache
 def load() -> None:
-    """Import quack once.
+    """Import quack once, and give the DSL's logger the fingerprint quack's compile cache asks of it.
 
     quack 0.6.5 keys its compile cache on a fingerprint of everything an epilogue's code refers to, and
-    refuses values it cannot fingerprint. With nvidia-cutlass-dsl 4.7.1 the activation's code reaches the
-    DSL's `logging.Logger`, so every gated build fails with "no fail-closed semantic key". quack's keyer takes
-    any type with `__quack_semantic_key__`; a logger changes no traced math, so its name is its key.
+    refuses values it cannot fingerprint. Code outside site-packages is followed into its globals (an
+    install with `pip --target`, as on our GPU machine), and there the activation's code reaches the CuTe
+    DSL's logger, so every gated build fails with "no fail-closed semantic key". quack's keyer takes any type
+    with `__quack_semantic_key__`; a logger changes no traced math, so its name is its key (`key_logger`).
     """
-    if not hasattr(logging.Logger, "__quack_semantic_key__"):
-        logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
     importlib.import_module("quack.gemm_interface")
     importlib.import_module("quack.epilogue.frontend")
+    key_logger(importlib.import_module("cutlass.base_dsl.utils.logger"))
+
+
+def key_logger(module) -> None:
+    """Give the logger `module.logger` (the CuTe DSL's, in cutlass.base_dsl.utils.logger) a fingerprint for
+    quack's keyer, by making that one object an instance of a subclass of its class with the key (`_keyed`).
+    Every other logger of the process, and logging.Logger itself, stay as they are."""
+    logger = getattr(module, "logger", None)
+    if isinstance(logger, logging.Logger) and not hasattr(type(logger), "__quack_semantic_key__"):
+        logger.__class__ = _keyed(type(logger))
+
+
+@functools.cache
+def _keyed(cls: type) -> type:
+    """`cls` (a Logger class) with `__quack_semantic_key__`: a logger is fingerprinted by its name."""
+    return type(f"Keyed{cls.__name__}", (cls,), {"__quack_semantic_key__": lambda self: ("logging.Logger", self.name)})
 
 
 @functools.cache
