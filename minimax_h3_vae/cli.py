@@ -367,6 +367,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         return
     from . import fused
     from .blocks import EAGER_OPS
+    from .runtime import placement_description
 
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
     ops = decoder.ops()  # what will run: a kernel that cannot run here was replaced by its eager op
@@ -376,10 +377,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     )
     path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(ops) else ""
     path += ", FlashAttention 4" if fused.uses_fa4(ops) else ""
-    path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
+    placement = placement_description(decoder.runtime, device)  # offload and the GPU budget, as every door says
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
-    say(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {args.model}")
+    say(f"device {device}{spread}, {dtype}, {path} ops{'; ' + placement if placement else ''}; checkpoint {args.model}")
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
