@@ -180,12 +180,41 @@ class H3VideoDecoder(H3Decoder):
         `decode(z)`. progress(done, total) is called with total = tiles x windows x B before the first tile
         and as tiles finish. `options` change run settings for this call only (see `configure`). Under
         torch.distributed, ranks other than `output_rank`, when it is set, yield None per window.
-        The latents and options are checked here, before the first chunk is asked for.
+        The latents and options are checked here, before the first chunk is asked for; under
+        torch.distributed every rank then checks that all ranks were given the same latents shape, options
+        and checkpoint, and all raise the same ValueError when one rank's call is wrong or they differ.
         """
-        runtime = resolve_call(self._runtime, self.config, **options)
-        self._check_runnable(runtime)
-        check_latents(z, self.config.latent_channels)
+        problem, settings = None, {}
+        try:
+            runtime = resolve_call(self._runtime, self.config, **options)
+            self._check_runnable(runtime)
+            check_latents(z, self.config.latent_channels)
+            settings = self._call_settings(runtime, z)
+        except ValueError as error:
+            problem = error
+        failed = distributed.agree_call(settings, None if problem is None else str(problem))
+        if problem is not None:
+            raise problem
+        if failed is not None:
+            rank, message = failed
+            raise ValueError(message if rank < 0 else f"rank {rank}: {message}")
         return _stream(self, runtime, z, progress)
+
+    def _call_settings(self, runtime: Runtime, z: torch.Tensor) -> dict:
+        """What every rank of a decode under torch.distributed must share: what sizes its collectives (the
+        latents, the tiling, the tile batch, the output rank) and what decides the decoded values."""
+        return {
+            "latents shape": tuple(z.shape),
+            "checkpoint": self.config,
+            "dtype": self.compute_dtype,
+            "fused": self._ops_key(runtime)[0],
+            "gemm": runtime.gemm,
+            "attention": runtime.attention,
+            "attention_backends": runtime.attention_backends,
+            "tiling": runtime.tiling,
+            "tile_batch": runtime.tile_batch,
+            "output_rank": runtime.output_rank,
+        }
 
     def _check_backends(self, runtime: Runtime) -> None:
         """ValueError when none of the run's attention backends runs here (runtime.check_backends_run)."""
@@ -250,6 +279,7 @@ def _stream(
     if chunks.padded_frames > z.shape[2]:
         z = torch.cat([z, z[:, :, -1:].expand(-1, -1, chunks.padded_frames - z.shape[2], -1, -1)], dim=2)
     batch, channels, frames, h, w = z.shape
+    rank, ranks = distributed.rank_and_world()
     plan = memory.plan(
         c,
         (channels, frames, h, w),
@@ -259,6 +289,10 @@ def _stream(
         tiling=runtime.tiling,
         tile_batch=runtime.tile_batch,
         batch=batch,
+        ranks=ranks,
+        output_rank=runtime.output_rank,
+        rank=rank,
+        host_ranks=distributed.host_ranks(),
     )
     total = plan.tiles * len(chunks.starts)
     done = 0
@@ -272,9 +306,7 @@ def _stream(
 
     if progress is not None:
         progress(0, total)
-    per_window = plan.tiles  # decoded tiles per window, every video of the batch: the unit the ranks share
-    units = per_window if runtime.tile_batch is None else -(-per_window // runtime.tile_batch)
-    group = distributed.window_group(units, len(chunks.starts), distributed.rank_and_world()[1])
+    group = plan.windows  # decoded together: one window on one process, a group across ranks
     windows = (
         window
         for first in range(0, len(chunks.starts), group)
@@ -322,7 +354,7 @@ def _decode_windows(
         first, count = calls[0][0], calls[-1][1] - calls[0][0]
         step = runtime.tile_batch
         if step is None:  # what the decoder holds on the device: its weights and these windows' buffers
-            held = model.device_bytes() + len(windows) * plan.window
+            held = model.device_bytes() + plan.group
             step = memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
         parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
         inputs = [tiles[a:b] for a, b in parts]
