@@ -222,26 +222,74 @@ def auto_tile_batch(memory: MemoryPlan, tiles: int, device: torch.device, cap: i
     return min(batch, STREAMED_TILE_BATCH) if memory.state_per_tile else batch
 
 
-def available_host() -> int | None:
-    """Host memory this process may still use: MemAvailable, capped by a cgroup (container) limit."""
+def available_host(root: Path = Path("/")) -> int | None:
+    """Host memory this process may still use: MemAvailable, capped by the limit of the process's own cgroup
+    and of each cgroup above it (a container's, a systemd slice's), never negative. `root`: where /proc and
+    /sys are found (tests give a folder of fake files)."""
     found = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            text = Path(limit).read_text().strip()
-            if text != "max" and int(text) < 2**60:
-                found.append(int(text) - int(Path(usage).read_text()))
-        except (OSError, ValueError):
+    found += cgroup_room(root)
+    return max(0, min(found)) if found else None
+
+
+# cgroup v2 and v1: where the memory controller is mounted, its limit, usage and statistics files, and the
+# statistic of page cache the kernel reclaims before it fails an allocation (the kubelet's working set,
+# usage - inactive file pages, counts the same way; v1's total_ counts the cgroups below too, as its usage).
+CGROUP_MEMORY = {
+    "v2": ("sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+    "v1": ("sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+}
+# v1 writes "no limit" as the largest page-aligned counter (about 2^63); anything this large is no limit.
+NO_LIMIT = 2**60
+
+
+def cgroup_room(root: Path = Path("/")) -> list[int]:
+    """For the memory cgroup of this process (/proc/self/cgroup) and each one above it that has a limit:
+    limit - (usage - reclaimable page cache), in bytes (negative when over the limit)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    room = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
             continue
-    return min(found) if found else None
+        mount, limit_name, usage_name, cache_name = CGROUP_MEMORY[version]
+        base = root / mount
+        folder = base / path.strip().lstrip("/")
+        # The folder and every one above it up to the mount; a path that is not visible here (a container
+        # without its own cgroup namespace) leaves the ones that are, down from the container's root.
+        folders = [folder, *folder.parents]
+        for cgroup in folders[: folders.index(base) + 1] if base in folders else [base]:
+            try:
+                text = (cgroup / limit_name).read_text().strip()
+                if text == "max" or int(text) >= NO_LIMIT:
+                    continue
+                usage = int((cgroup / usage_name).read_text())
+                cache = _stat(cgroup / "memory.stat", cache_name)
+            except (OSError, ValueError):
+                continue
+            room.append(int(text) - max(0, usage - cache))
+    return room
+
+
+def _stat(path: Path, name: str) -> int:
+    """One value of a cgroup's memory.stat (0 when it is not there)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def check_fits(memory: MemoryPlan, device: torch.device, what: str, cap: int | None = None) -> None:
