@@ -7,7 +7,7 @@ The decoder's attention: 28 tiles x 1797 tokens, 32 heads of 64, fp16, no mask; 
 projection's (B, S, H, 3, D) output (gemm="quack"). Alone: each backend's error against float64 attention over
 two tiles, then both timed alternately (median of 10, three times). In a decode: the package with gemm="quack"
 as it is (cuDNN) against the same decoder with the block's SDPA call swapped for flash-attn-4 (this script
-patches `blocks.F`; the package does not do this), alternating, with SM clock and power; errors against an fp32
+patches `blocks.sdpa`; the package does not do this), alternating, with SM clock and power; errors against an fp32
 eager decode of the same weights. A table last. --tiles instead times flash-attn-4's tile configs alone
 (through its internal `_flash_attn_fwd`, which takes them), against its default and cuDNN.
 """
@@ -22,14 +22,13 @@ import types
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gemm import commit, errors, sharing_weights  # noqa: E402
 from common import UNIT_SHAPE, fp32_reference, random_latents, random_released_decoder, run_info, timed  # noqa: E402
 
-from minimax_h3_vae import blocks  # noqa: E402
+from minimax_h3_vae import blocks, sdpa  # noqa: E402
 from minimax_h3_vae.fused import _quack  # noqa: E402
 
 B, S, H, D = 28, 1797, 32, 64
@@ -37,8 +36,7 @@ B, S, H, D = 28, 1797, 32, 64
 
 def cudnn_sdpa(q, k, v):
     """q, k, v: (B, H, S, D) -> (B, H, S, D), cuDNN only."""
-    with blocks.attention_backends(("CUDNN_ATTENTION",)):
-        return F.scaled_dot_product_attention(q, k, v)
+    return sdpa.attention(q, k, v, ("CUDNN_ATTENTION",))
 
 
 def fa4_sdpa(q, k, v):
@@ -156,18 +154,17 @@ def main() -> None:
     reference = fp32_reference(z)
     model = sharing_weights(random_released_decoder(cuda).configure(fused=True), gemm="quack")
 
-    torch_f = blocks.F
-    with_fa4 = types.SimpleNamespace(**{n: getattr(torch_f, n) for n in dir(torch_f) if not n.startswith("__")})
-    with_fa4.scaled_dot_product_attention = fa4_sdpa
+    ours = blocks.sdpa
+    with_fa4 = types.SimpleNamespace(attention=lambda q, k, v, backends: fa4_sdpa(q, k, v))
 
-    def decode_with(functional):
-        blocks.F = functional
+    def decode_with(attention):
+        blocks.sdpa = attention
         try:
             return model.decode(z)
         finally:
-            blocks.F = torch_f
+            blocks.sdpa = ours
 
-    variants = {"quack + cudnn": torch_f, "quack + fa4": with_fa4}
+    variants = {"quack + cudnn": ours, "quack + fa4": with_fa4}
     timings = {name: [] for name in variants}
     outs, peaks, clocks = {}, {}, {name: [] for name in variants}
     for _ in range(args.rounds):

@@ -455,6 +455,8 @@ def describe(error: BaseException) -> tuple[int, str]:
         return 130, f"interrupted by SIGINT{cause}: nothing was written"
     if isinstance(error, distributed.RankLost):
         return 1, f"error: {error}; nothing was written"
+    if isinstance(error, distributed.RankFailed):
+        return 1, f"error: {error} (run with --verbose for rank {error.rank}'s traceback)"
     if isinstance(error, WriteError):
         return 1, f"error: {error}"
     if isinstance(error, OSError) and error.strerror:
@@ -492,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
             except distributed.RankLost:
                 raise
             except (RuntimeError, ValueError) as error:  # the rendezvous: an address that does not resolve
-                raise InputError(f"cannot join torchrun's process group ({error}): launch with torchrun") from None
+                reason = (str(error).strip().splitlines() or ["no reason given"])[0]
+                raise InputError(f"cannot join torchrun's process group ({reason}): launch with torchrun") from None
         run(args, rank, ranks, device, watchdog)
     except (Exception, KeyboardInterrupt, Stopped) as error:
         code, line = describe(error)
