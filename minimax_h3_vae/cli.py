@@ -524,8 +524,8 @@ class Watchdog:
     doing; this thread reads it. GRACE seconds after a stop signal, or after the main thread has waited that
     long in a collective with a rank of this host that has stopped, it discards the output (`cleanups`),
     prints the one line (on the lowest running rank, unless the main thread has) and exits the process, with
-    the code the main thread would have returned. It waits for a commit in progress (`committing`): an
-    output being renamed into place is finished, then the main thread's own handler ends the run.
+    the code the main thread would have returned. A commit in progress (`committing`: the output's fsync and
+    rename) is waited for, at most COMMIT_WAIT seconds, so that it is not cut off halfway.
     """
 
     GRACE = 2.0  # seconds: the main thread's own unwinding takes milliseconds

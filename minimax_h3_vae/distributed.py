@@ -57,6 +57,14 @@ class RankLost(RuntimeError):
         self.cause = cause
 
 
+class RankFailed(RuntimeError):
+    """Another rank's own decode failed (its message follows); this rank stopped with it."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed while decoding its tiles: {message}")
+        self.rank = rank
+
+
 def launched_world_size() -> int:
     """The number of ranks a launcher (torchrun) started: WORLD_SIZE, with RANK and LOCAL_RANK checked when
     it is above 1. Without WORLD_SIZE (or with 1) this is one process, whatever a stray RANK says.
@@ -188,6 +196,8 @@ def _collective(call: Callable, *args, **kwargs):
     in_collective_since = time.monotonic()
     try:
         return call(*args, **kwargs)
+    except RankLost:
+        raise
     except RuntimeError as error:  # gloo: "Connection closed by peer", "Connection reset by peer", timeouts
         raise RankLost(error) from error
     finally:
@@ -294,14 +304,6 @@ def decode_shared(
     if failed is not None:
         raise RankFailed(failed[0], failed[1][1])
     return _gather(local, counts, output_rank)
-
-
-class RankFailed(RuntimeError):
-    """Another rank's own decode failed (its message follows); this rank stopped with it."""
-
-    def __init__(self, rank: int, message: str):
-        super().__init__(f"rank {rank} failed while decoding its tiles: {message}")
-        self.rank = rank
 
 
 def _gather(local: torch.Tensor, counts: list[int], output_rank: int | None) -> torch.Tensor | None:

@@ -236,7 +236,7 @@ def _check_backends(value) -> tuple[str, ...] | None:
     names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else ()
     unknown = [name for name in names if not isinstance(name, str) or name not in ATTENTION_BACKENDS]
     if not names or unknown:
-        near = [difflib.get_close_matches(n, ATTENTION_BACKENDS, n=1) for n in unknown if isinstance(n, str)]
+        near = [difflib.get_close_matches(n.upper(), ATTENTION_BACKENDS, n=1) for n in unknown if isinstance(n, str)]
         hint = "; did you mean " + ", ".join(repr(n[0]) for n in near if n) + "?" if any(near) else ""
         raise ValueError(
             f"attention_backends must name SDPA backends from {ATTENTION_BACKENDS}, most preferred first, "
