@@ -44,8 +44,27 @@ def torchrun(*args, ranks=2, module=False, wait=True, timeout=180):
     )
     if not wait:
         return process
-    out, err = process.communicate(timeout=timeout)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: end the launch and its ranks, then fail
+        end_launch(process)
+        raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def end_launch(agent: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks (each rank leads a process group of its own, as torchrun starts them)."""
+    try:
+        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    except OSError:  # it has just ended
+        children = []
+    for child in children:
+        try:
+            os.killpg(int(child), signal.SIGKILL)
+        except OSError:
+            pass
+    agent.kill()
+    agent.communicate()
 
 
 def rank_pids(agent: subprocess.Popen, ranks: int, timeout: float = 60) -> dict[int, int]:
@@ -132,7 +151,7 @@ def test_world_size_without_the_rendezvous_is_one_line_exit_2(monkeypatch, capsy
 @pytest.fixture(scope="module")
 def api_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("api")
-    result = torchrun("api", TINY, folder)
+    result = torchrun("api", TINY, folder, timeout=90)
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)], folder
 
@@ -212,7 +231,7 @@ def kill_a_rank(latents: Path, folder: Path, ranks: int) -> tuple[float, str]:
         return time.monotonic() - killed, err
     finally:
         if agent.poll() is None:
-            agent.kill()
+            end_launch(agent)
 
 
 def check_killed_run(took: float, stderr: str, folder: Path) -> None:
@@ -258,7 +277,7 @@ def test_a_rank_blocked_in_a_collective_stops_in_bounded_time(tmp_path, long_lat
         _, err = agent.communicate(timeout=60)
     finally:
         if agent.poll() is None:
-            agent.kill()
+            end_launch(agent)
     assert stopped, f"rank 0 still running {took:.1f} s after SIGTERM"
     assert litter == [], litter
     assert lines(err) == ["interrupted by SIGTERM: nothing was written"], err[-3000:]
