@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import sdpa
 from .rope import RotaryTable
 
 
@@ -107,10 +108,13 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return silu_mul(F.linear(x, weight, bias))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention, no mask, scale 1/sqrt(D), through torch's SDPA (its backends as `attention_backends`
-    allows). q, k, v: (B, H, S, D), one dtype -> (B, H, S, D) of that dtype."""
-    return F.scaled_dot_product_attention(q, k, v)
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backends: tuple[str, ...] = sdpa.BACKENDS
+) -> torch.Tensor:
+    """Softmax attention, no mask, scale 1/sqrt(D), through torch's SDPA: the first of `backends` (SDPBackend
+    names, a run's `attention_backends`) that can run these inputs, chosen for this call alone (sdpa.py).
+    q, k, v: (B, H, S, D), one dtype -> (B, H, S, D) of that dtype."""
+    return sdpa.attention(q, k, v, backends)
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -202,15 +206,3 @@ class DecoderBlock(nn.Module):
         residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps, compute_dtype)
         y = self.ff.w2(ops.linear_silu_mul(normed, self.ff.w1.weight, self.ff.w1.bias))
         return ops.scale_add_rms_norm(residual, y, self.scale2, next_norm_weight, self.eps, compute_dtype)
-
-
-def attention_backends(names: tuple[str, ...]):
-    """A context that lets SDPA use these backends (SDPBackend names), in this order where torch supports
-    priorities."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = [getattr(SDPBackend, name) for name in names]
-    try:
-        return sdpa_kernel(backends, set_priority=True)
-    except TypeError:
-        return sdpa_kernel(backends)

@@ -17,10 +17,12 @@ and an existing OUT is unchanged (README, "Command line").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -234,16 +236,18 @@ class Prepared:
     sink: output.Sink | None  # rank 0's open output
 
 
-def run(args: argparse.Namespace, rank: int, ranks: int, device) -> None:
+def run(args: argparse.Namespace, rank: int, ranks: int, device, watchdog: Watchdog | None = None) -> None:
     prepared = None
     try:
         error = None
         try:
-            prepared = prepare(args, device, rank)
+            prepared = prepare(args, device, rank, ranks)
         except Exception as failure:
             error = failure
+        if watchdog is not None and prepared is not None and prepared.sink is not None:
+            watchdog.cleanups.append(prepared.sink.discard)
         agree(error, ranks)
-        decode(args, prepared, rank, ranks)
+        decode(args, prepared, rank, ranks, watchdog)
     except BaseException:
         if prepared is not None and prepared.sink is not None:
             prepared.sink.discard()
@@ -314,7 +318,7 @@ def checkpoint_files(model: str, checkpoint) -> list[Path]:
     return files
 
 
-def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
+def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prepared:
     """Every check, cheapest first, then the decoder and (on rank 0) the open output.
 
     Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
@@ -386,6 +390,10 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
             offload=runtime.offload,
             tiling=runtime.tiling,
             tile_batch=runtime.tile_batch,
+            ranks=ranks,
+            output_rank=0 if ranks > 1 else None,  # as `decode` asks for it
+            rank=rank,
+            host_ranks=distributed.host_ranks(),
         )
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
@@ -408,7 +416,7 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     return Prepared(decoder, z, fps, frames, height, width, sink)
 
 
-def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) -> None:
+def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, watchdog=None) -> None:
     """Decode and write; with several ranks, each decodes its tiles and rank 0 alone writes the file."""
     import torch
     from tqdm import tqdm
@@ -423,6 +431,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         return
     from . import fused
     from .blocks import EAGER_OPS
+    from .runtime import placement_description
 
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
     ops = decoder.ops()  # what will run: a kernel that cannot run here was replaced by its eager op
@@ -432,10 +441,11 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
     )
     path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(ops) else ""
     path += ", FlashAttention 4" if fused.uses_fa4(ops) else ""
-    path += ", block weights streamed from host memory" if decoder.runtime.offload == "blocks" else ""
+    placement = placement_description(decoder.runtime, device)  # offload and the GPU budget, as every door says
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
-    say(f"device {device}{spread}, {dtype}, {path} ops; checkpoint {shown(args.model)}")
+    placed = f"; {placement}" if placement else ""
+    say(f"device {device}{spread}, {dtype}, {path} ops{placed}; checkpoint {shown(args.model)}")
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
@@ -461,7 +471,8 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int) 
         error = None
         try:
             writer.close()
-            sink.commit()
+            with watchdog.committing() if watchdog is not None else contextlib.nullcontext():
+                sink.commit()
         except Exception as failure:
             error = failure
         agree(error, ranks)
@@ -499,10 +510,16 @@ def _describe(error: BaseException) -> tuple[int, str]:
         return error.code, error.line
     if isinstance(error, InputError):
         return 2, f"error: {error}"
+    gone = distributed.stopped_ranks()  # under torchrun, the ranks of this host that have stopped
+    cause = f" (rank {', '.join(map(str, gone))} had stopped)" if gone else ""
     if isinstance(error, Stopped):
-        return 128 + error.signum, f"interrupted by {error}: nothing was written"
+        return 128 + error.signum, f"interrupted by {error}{cause}: nothing was written"
     if isinstance(error, KeyboardInterrupt):
-        return 130, "interrupted by SIGINT: nothing was written"
+        return 130, f"interrupted by SIGINT{cause}: nothing was written"
+    if isinstance(error, distributed.RankLost):
+        return 1, f"error: {error}; nothing was written"
+    if isinstance(error, distributed.RankFailed):
+        return 1, f"error: {error} (run with --verbose for rank {error.rank}'s traceback)"
     if isinstance(error, WriteError):
         return 1, f"error: {error}"
     if isinstance(error, OSError) and error.strerror:
@@ -539,33 +556,121 @@ def reserve_cpu_time() -> tuple[int, int] | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     handlers, cpu_limit = {}, None
-    if threading.current_thread() is threading.main_thread():
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
         handlers = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
         cpu_limit = reserve_cpu_time()  # only with the handlers: SIGXCPU's default action would end the process
-    rank, ranks, device = 0, 1, None
+    rank, ranks, device, watchdog = 0, 1, None, None
     try:
         try:
             ranks = distributed.launched_world_size()
         except ValueError as error:
             raise InputError(str(error)) from None
         if ranks > 1:
-            rank, ranks, device = distributed.init_process_group(cpu=args.device == "cpu")
-        run(args, rank, ranks, device)
+            watchdog = Watchdog() if main_thread else None
+            try:
+                rank, ranks, device = distributed.init_process_group(cpu=args.device == "cpu")
+            except distributed.RankLost:
+                raise
+            except (RuntimeError, ValueError) as error:  # the rendezvous: an address that does not resolve
+                reason = (str(error).strip().splitlines() or ["no reason given"])[0]
+                raise InputError(f"cannot join torchrun's process group ({reason}): launch with torchrun") from None
+        run(args, rank, ranks, device, watchdog)
     except (Exception, KeyboardInterrupt, Stopped) as error:
         code, line = describe(error)
         if args.verbose and not isinstance(error, Agreed):
             traceback.print_exc(file=Diagnostics())
-        if rank == 0 or not isinstance(error, Agreed):
-            say(line)
+        if ranks == 1 or distributed.reports_failures():  # under torchrun: once, by the lowest running rank
+            (watchdog.say_once if watchdog is not None else say)(line)
         return code
     finally:
         if ranks > 1:
             distributed.destroy_process_group()
+        if watchdog is not None:
+            watchdog.stop()
         if cpu_limit is not None:
             resource.setrlimit(resource.RLIMIT_CPU, cpu_limit)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return 0
+
+
+class Watchdog:
+    """Under torchrun, a bounded end for a rank whose main thread cannot run Python: gloo and NCCL wait
+    inside C++, where a signal handler never runs, and a collective with a rank that died may wait until
+    its timeout (10 minutes), while torchrun kills the rank (SIGKILL, 30 s after its SIGTERM) and its
+    temporary file stays behind.
+
+    Python writes each signal's number to the wakeup fd (`signal.set_wakeup_fd`) whatever the main thread is
+    doing; this thread reads it. GRACE seconds after a stop signal, or after the main thread has waited that
+    long in a collective with a rank of this host that has stopped, it discards the output (`cleanups`),
+    prints the one line (on the lowest running rank, unless the main thread has) and exits the process, with
+    the code the main thread would have returned. A commit in progress (`committing`: the output's fsync and
+    rename) is waited for, at most COMMIT_WAIT seconds, so that it is not cut off halfway.
+    """
+
+    GRACE = 2.0  # seconds: the main thread's own unwinding takes milliseconds
+    POLL = 0.25
+    COMMIT_WAIT = 10.0  # at most, for the fsync and rename of a finished output (torchrun kills at 30 s)
+
+    def __init__(self):
+        self.cleanups: list = []
+        self._said = False
+        self._lock = threading.Lock()  # one line, once
+        self._commit = threading.Lock()
+        self._reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._writer = writer
+        self._previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._reader.settimeout(self.POLL)
+        self._thread = threading.Thread(target=self._watch, name="torchrun-watchdog", daemon=True)
+        self._thread.start()
+
+    def say_once(self, line: str) -> None:
+        with self._lock:
+            if not self._said:
+                self._said = True
+                say(line)
+
+    def committing(self):
+        return self._commit
+
+    def stop(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        self._writer.close()  # the reader sees the end and the thread returns
+        self._thread.join()
+        self._reader.close()
+
+    def _watch(self) -> None:
+        stopped_by, since = None, None
+        while True:
+            try:
+                data = self._reader.recv(16)
+                if not data:
+                    return  # stop(): the run has ended
+                if stopped_by is None and any(signum in STOP_SIGNALS for signum in data):
+                    stopped_by, since = next(signum for signum in data if signum in STOP_SIGNALS), time.monotonic()
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            waiting = distributed.in_collective_since
+            if stopped_by is not None and now - since > self.GRACE:
+                self._end(describe(Stopped(stopped_by)))
+            if waiting is not None and now - waiting > self.GRACE and distributed.stopped_ranks():
+                self._end(describe(distributed.RankLost()))
+
+    def _end(self, described: tuple[int, str]) -> None:
+        code, line = described
+        self._commit.acquire(timeout=self.COMMIT_WAIT)  # a commit in progress finishes first
+        for cleanup in self.cleanups:
+            try:
+                cleanup()
+            except Exception:  # the line and the exit matter more than a cleanup that fails
+                pass
+        if distributed.reports_failures():
+            self.say_once(line)
+        Diagnostics().flush()
+        os._exit(code)
 
 
 def console_main() -> None:

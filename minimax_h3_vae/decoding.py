@@ -13,6 +13,7 @@ run settings (`runtime.Runtime`) it is handed, and never changes them for anothe
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -20,14 +21,24 @@ from types import SimpleNamespace
 
 import torch
 
-from . import distributed, memory, tiling
-from .blocks import EAGER_OPS, attention_backends
+from . import blocks, distributed, memory, tiling
+from .blocks import EAGER_OPS
 from .config import H3DecoderConfig
 from .latents import check_latents
 from .loading import DEFAULT_REPO, Checkpoint, load_checkpoint, load_weights
 from .model import H3Decoder
 from .offload import BlockStreamer
-from .runtime import DecodeOptions, Runtime, resolve, resolve_call, resolve_fused
+from .runtime import (
+    ATTENTION_BACKENDS,
+    OPTION_NAMES,
+    DecodeOptions,
+    Runtime,
+    check_backends_run,
+    check_option_names,
+    resolve,
+    resolve_call,
+    resolve_fused,
+)
 
 Progress = Callable[[int, int], None]
 
@@ -64,14 +75,14 @@ class H3VideoDecoder(H3Decoder):
         checked before the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none
         loads a cached copy without asking the hub, a branch or tag asks the hub for its newest commit first.
         """
-        options = _options(options, fields)
+        options = _options(options, fields, "of from_pretrained")
         return cls.from_checkpoint(load_checkpoint(source, revision=revision), options)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, options: DecodeOptions | None = None, **fields) -> H3VideoDecoder:
         """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
         memory, `loading.checkpoint_in_memory`) with `options` as in `from_pretrained`."""
-        options = _options(options, fields)
+        options = _options(options, fields, "of from_checkpoint")
         runtime = resolve(options, checkpoint.config, checkpoint.tiling)
         with torch.device("meta"):
             model = cls(checkpoint.config, runtime)
@@ -93,8 +104,16 @@ class H3VideoDecoder(H3Decoder):
     def configure(self, **changes) -> H3VideoDecoder:
         """Change run settings for every later call (fused, tile_batch, tiling, output_rank,
         attention_backends), checked as at load; returns self."""
-        self._runtime = resolve_call(self._runtime, self.config, **changes)
+        runtime = resolve_call(self._runtime, self.config, **changes)
+        self._check_backends(runtime)
+        self._runtime = runtime
         return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype: the block linears' (torch.float16 for the release's fp16 recipe, else
+        torch.float32); every other weight, the residual stream and the output are float32."""
+        return self.compute_dtype
 
     @property
     def tile_batch(self) -> int | None:
@@ -116,7 +135,7 @@ class H3VideoDecoder(H3Decoder):
         """The ops for `runtime` (default: the decoder's): eager, or the fused kernels when it asks for fused
         ops (with `runtime.gemm`'s GEMMs and `runtime.attention`'s attention). Selected once per (fused, gemm,
         attention, device, dtype), with a warning naming any kernel that cannot run here (that op then runs
-        without it)."""
+        without it). SDPA's attention takes `runtime.attention_backends`, bound into these ops alone."""
         runtime = runtime or self._runtime
         key = self._ops_key(runtime)
         if key not in self._ops:
@@ -128,7 +147,11 @@ class H3VideoDecoder(H3Decoder):
                 )
             else:
                 self._ops[key] = EAGER_OPS
-        return self._ops[key]
+        ops = self._ops[key]
+        if ops.attention is EAGER_OPS.attention and runtime.attention_backends != ATTENTION_BACKENDS:
+            attention = functools.partial(blocks.attention, backends=runtime.attention_backends)
+            ops = SimpleNamespace(**{**vars(ops), "attention": attention})
+        return ops
 
     def _ops_key(self, runtime: Runtime) -> tuple:
         fused = runtime.fused if runtime.fused is not None else resolve_fused(None, self.device)
@@ -157,12 +180,46 @@ class H3VideoDecoder(H3Decoder):
         `decode(z)`. progress(done, total) is called with total = tiles x windows x B before the first tile
         and as tiles finish. `options` change run settings for this call only (see `configure`). Under
         torch.distributed, ranks other than `output_rank`, when it is set, yield None per window.
-        The latents and options are checked here, before the first chunk is asked for.
+        The latents and options are checked here, before the first chunk is asked for; under
+        torch.distributed every rank then checks that all ranks were given the same latents shape, options
+        and checkpoint, and all raise the same ValueError when one rank's call is wrong or they differ.
         """
-        runtime = resolve_call(self._runtime, self.config, **options)
-        self._check_runnable(runtime)
-        check_latents(z, self.config.latent_channels)
+        problem, settings = None, {}
+        try:
+            runtime = resolve_call(self._runtime, self.config, **options)
+            self._check_runnable(runtime)
+            check_latents(z, self.config.latent_channels)
+            settings = self._call_settings(runtime, z)
+        except ValueError as error:
+            problem = error
+        failed = distributed.agree_call(settings, None if problem is None else str(problem))
+        if problem is not None:
+            raise problem
+        if failed is not None:
+            rank, message = failed
+            raise ValueError(message if rank < 0 else f"rank {rank}: {message}")
         return _stream(self, runtime, z, progress)
+
+    def _call_settings(self, runtime: Runtime, z: torch.Tensor) -> dict:
+        """What every rank of a decode under torch.distributed must share: what sizes its collectives (the
+        latents, the tiling, the tile batch, the output rank) and what decides the decoded values."""
+        return {
+            "latents shape": tuple(z.shape),
+            "checkpoint": self.config,
+            "dtype": self.compute_dtype,
+            "fused": self._ops_key(runtime)[0],
+            "gemm": runtime.gemm,
+            "attention": runtime.attention,
+            "attention_backends": runtime.attention_backends,
+            "tiling": runtime.tiling,
+            "tile_batch": runtime.tile_batch,
+            "output_rank": runtime.output_rank,
+        }
+
+    def _check_backends(self, runtime: Runtime) -> None:
+        """ValueError when none of the run's attention backends runs here (runtime.check_backends_run)."""
+        if runtime.attention_backends != ATTENTION_BACKENDS and self.device.type != "meta":
+            check_backends_run(runtime.attention_backends, self.device, self.compute_dtype, self.config.head_dim)
 
     def _check_runnable(self, runtime: Runtime) -> None:
         """ValueError for a decoder that cannot decode as it stands: weights without values, a recipe broken
@@ -181,6 +238,7 @@ class H3VideoDecoder(H3Decoder):
                 f"{self.compute_dtype}; decoder.to(dtype)?): the precision recipe is chosen at load, "
                 "from_pretrained(dtype='fp16' or 'fp32'), or to_release_fp16() on an fp32 decoder"
             )
+        self._check_backends(runtime)
         ranks = distributed.rank_and_world()[1]
         if runtime.output_rank is not None and runtime.output_rank >= ranks:
             raise ValueError(
@@ -197,7 +255,15 @@ class H3VideoDecoder(H3Decoder):
         return None if chunks[0] is None else torch.cat(chunks, dim=2)
 
 
-def _options(options: DecodeOptions | None, fields: dict) -> DecodeOptions:
+def _options(options: DecodeOptions | None, fields: dict, door: str) -> DecodeOptions:
+    """The run options of a loading door: `options`, or DecodeOptions(**fields), with a clear error for a
+    misspelt field (naming the nearest) and for options of another type."""
+    check_option_names(fields, OPTION_NAMES, door)
+    if options is not None and not isinstance(options, DecodeOptions):
+        raise ValueError(
+            f"options must be a minimax_h3_vae.DecodeOptions, got {type(options).__name__}; or give its "
+            "fields as keywords (from_pretrained(path, tile_batch=4))"
+        )
     if options is not None and fields:
         raise ValueError(f"give either options= or the option fields {sorted(fields)}, not both")
     return options if options is not None else DecodeOptions(**fields)
@@ -213,6 +279,7 @@ def _stream(
     if chunks.padded_frames > z.shape[2]:
         z = torch.cat([z, z[:, :, -1:].expand(-1, -1, chunks.padded_frames - z.shape[2], -1, -1)], dim=2)
     batch, channels, frames, h, w = z.shape
+    rank, ranks = distributed.rank_and_world()
     plan = memory.plan(
         c,
         (channels, frames, h, w),
@@ -222,6 +289,10 @@ def _stream(
         tiling=runtime.tiling,
         tile_batch=runtime.tile_batch,
         batch=batch,
+        ranks=ranks,
+        output_rank=runtime.output_rank,
+        rank=rank,
+        host_ranks=distributed.host_ranks(),
     )
     total = plan.tiles * len(chunks.starts)
     done = 0
@@ -235,9 +306,7 @@ def _stream(
 
     if progress is not None:
         progress(0, total)
-    per_window = plan.tiles  # decoded tiles per window, every video of the batch: the unit the ranks share
-    units = per_window if runtime.tile_batch is None else -(-per_window // runtime.tile_batch)
-    group = distributed.window_group(units, len(chunks.starts), distributed.rank_and_world()[1])
+    group = plan.windows  # decoded together: one window on one process, a group across ranks
     windows = (
         window
         for first in range(0, len(chunks.starts), group)
@@ -285,20 +354,19 @@ def _decode_windows(
         first, count = calls[0][0], calls[-1][1] - calls[0][0]
         step = runtime.tile_batch
         if step is None:  # what the decoder holds on the device: its weights and these windows' buffers
-            held = model.device_bytes() + len(windows) * plan.window
+            held = model.device_bytes() + plan.group
             step = memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
         parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
         inputs = [tiles[a:b] for a, b in parts]
         outputs = [out[a - first : b - first] for a, b in parts]
         ops = model.ops(runtime)
-        with attention_backends(runtime.attention_backends):
-            if runtime.offload == "blocks":
-                with model._streaming:
-                    _layer_major(model, ops, inputs, outputs, advance)
-            else:
-                for tile_input, tile_output in zip(inputs, outputs):
-                    model(tile_input, ops, tile_output)
-                    advance(tile_input.shape[0])
+        if runtime.offload == "blocks":
+            with model._streaming:
+                _layer_major(model, ops, inputs, outputs, advance)
+        else:
+            for tile_input, tile_output in zip(inputs, outputs):
+                model(tile_input, ops, tile_output)
+                advance(tile_input.shape[0])
         done += count
 
     decoded = distributed.decode_shared(

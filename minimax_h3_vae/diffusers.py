@@ -15,16 +15,27 @@ from __future__ import annotations
 import types
 
 import torch
-from diffusers import AutoencoderKLMiniMaxH3
-from diffusers.models.autoencoders.vae import DecoderOutput
-from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from .config import ConfigError
 from .decoding import H3VideoDecoder
 from .loading import CheckpointError, checkpoint_in_memory, diffusers_config
-from .runtime import DecodeOptions
+from .runtime import OPTION_NAMES, DecodeOptions, check_option_names
 from .tiling import Tiling
+
+# The `diffusers` extra: a clone's `pip install -e ".[diffusers]"`, or diffusers itself.
+DIFFUSERS_EXTRA = 'pip install -e ".[diffusers]" from a clone of minimax_h3_vae, or pip install "diffusers>=0.42"'
+try:
+    from diffusers import AutoencoderKLMiniMaxH3
+    from diffusers.models.autoencoders.vae import DecoderOutput
+    from diffusers.utils.accelerate_utils import apply_forward_hook
+except ImportError as error:  # not installed, or a release without MiniMax-H3 (before 0.42)
+    raise ModuleNotFoundError(
+        f"minimax_h3_vae.diffusers needs diffusers 0.42 or newer ({error}): {DIFFUSERS_EXTRA}", name=error.name
+    ) from None
+
+# The run options swap_decoder takes: the VAE sets the device and, at each decode, the tiling.
+SWAP_OPTIONS = tuple(name for name in OPTION_NAMES if name not in ("device", "tiling"))
 
 
 class SwapError(ValueError):
@@ -82,6 +93,12 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     vae = _find_vae(target)
     if isinstance(vae.decoder, SwappedDecoder):
         raise SwapError("this VAE's decoder is already swapped for minimax_h3_vae's")
+    check_option_names(fields, SWAP_OPTIONS, "of swap_decoder")
+    if options is not None and not isinstance(options, DecodeOptions):
+        raise SwapError(
+            f"options must be a minimax_h3_vae.DecodeOptions, got {type(options).__name__}; or give its fields "
+            "as keywords (swap_decoder(pipe, tile_batch=4))"
+        )
     set_by_vae = sorted({"device", "tiling"} & set(fields)) + (["tiling"] if options and options.tiling else [])
     if set_by_vae:
         raise SwapError(
@@ -133,6 +150,11 @@ def vae_tiling(vae, patch_size: int) -> Tiling:
         return Tiling(size=None, overlap=0)
     size = (vae.tile_sample_min_height, vae.tile_sample_min_width)
     overlap = (vae.tile_sample_min_overlap_height, vae.tile_sample_min_overlap_width)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (*size, *overlap)):
+        raise SwapError(
+            f"enable_tiling with tile {size[0]!r}x{size[1]!r} px and overlap {overlap[0]!r}/{overlap[1]!r} px: give "
+            f"whole numbers of pixels, multiples of {p} px (one latent), with 0 < overlap < tile"
+        )
     if size[0] != size[1] or overlap[0] != overlap[1]:
         raise SwapError(
             f"enable_tiling with tile {size[0]}x{size[1]} px and overlap {overlap[0]}/{overlap[1]} px: minimax_h3_vae "

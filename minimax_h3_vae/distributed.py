@@ -7,6 +7,13 @@ ranks go two windows at a time, 7 tiles each), and for each group `decode_shared
 balanced, contiguous run of its decoder calls, lets it decode them, and gathers the decoded tiles in order,
 on every rank or only on the output rank, which then stitches and streams the group's windows. Without an
 initialised process group it is a plain loop on one process, one window at a time.
+
+Failures: before a decode the ranks agree on its settings (`agree_call`: different latents or per-call
+options would pair collectives of different sizes, which aborts or hangs gloo), and a rank whose own decode
+fails tells the others at the next gather (`decode_shared`), so every rank raises the same error. A rank
+that dies (killed, out of memory) breaks the process group: a collective that fails then raises `RankLost`,
+naming the ranks of this host that are gone (`init_process_group` records every rank's host and process
+id), and only the lowest rank still running reports it (`reports_failures`).
 """
 
 from __future__ import annotations
@@ -14,13 +21,48 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import socket
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 # A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 MAX_RANKS = 65536
+# The variables of torch.distributed's env:// rendezvous that a launcher (torchrun) sets besides the ranks.
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+# How long a rank whose collective failed looks for the rank that ended (10 x 50 ms).
+LOST_LOOKS, LOST_LOOK_INTERVAL = 10, 0.05
+
+# Set by init_process_group: every rank's (host name, process id), and when this process entered the
+# collective it is in (time.monotonic(), or None outside one), for a watchdog that looks for dead peers.
+_peers: list[tuple[str, int]] | None = None
+in_collective_since: float | None = None
+
+
+class RankLost(RuntimeError):
+    """A collective failed because another rank stopped (killed, crashed): the process group is broken."""
+
+    def __init__(self, cause: BaseException | None = None):
+        # A killed peer's sockets close a moment before its process shows as ended: look for it briefly.
+        for _ in range(LOST_LOOKS):
+            self.ranks = stopped_ranks()
+            if self.ranks or _peers is None:
+                break
+            time.sleep(LOST_LOOK_INTERVAL)
+        who = f"rank {', '.join(map(str, self.ranks))}" if self.ranks else "another rank"
+        super().__init__(f"{who} stopped (killed, or it crashed) while the ranks were decoding")
+        self.cause = cause
+
+
+class RankFailed(RuntimeError):
+    """Another rank's own decode failed (its message follows); this rank stopped with it."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank} failed while decoding its tiles: {message}")
+        self.rank = rank
 
 
 def launched_world_size() -> int:
@@ -38,14 +80,25 @@ def launched_world_size() -> int:
             value = os.environ.get(name, "0").strip()
             if not value.isdigit() or int(value) >= ranks:
                 raise ValueError(f"{name}={value!r} is not a rank below WORLD_SIZE={ranks}: launch with torchrun")
+        for name in RENDEZVOUS_VARIABLES:
+            if not os.environ.get(name, "").strip():
+                raise ValueError(
+                    f"WORLD_SIZE={ranks} but {name} is not set: launch with torchrun, or set "
+                    f"{' and '.join(RENDEZVOUS_VARIABLES)} (the rank 0 host and a free port) on every rank"
+                )
+        port = os.environ["MASTER_PORT"].strip()
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"MASTER_PORT={port!r} is not a port number from 1 to 65535: launch with torchrun")
     return ranks
 
 
 def init_process_group(cpu: bool) -> tuple[int, int, torch.device]:
     """Join the launcher's process group: NCCL on the GPU of LOCAL_RANK, or gloo on the CPU when `cpu` is
-    set or there is no CUDA. Returns (rank, world size, this rank's device)."""
+    set or there is no CUDA, and record every rank's host and process id (for `stopped_ranks`). Returns
+    (rank, world size, this rank's device)."""
     import torch.distributed as dist
 
+    global _peers
     use_cuda = not cpu and torch.cuda.is_available()
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -53,12 +106,17 @@ def init_process_group(cpu: bool) -> tuple[int, int, torch.device]:
     else:
         device = torch.device("cpu")
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    peers = [None] * dist.get_world_size()
+    _collective(dist.all_gather_object, peers, (socket.gethostname(), os.getpid()))
+    _peers = [tuple(peer) for peer in peers]
     return dist.get_rank(), dist.get_world_size(), device
 
 
 def destroy_process_group() -> None:
     import torch.distributed as dist
 
+    global _peers
+    _peers = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -71,9 +129,79 @@ def agree(report: tuple[int, str] | None, ranks: int) -> tuple[int, tuple[int, s
     import torch.distributed as dist
 
     reports = [None] * ranks
-    dist.all_gather_object(reports, report)
+    _collective(dist.all_gather_object, reports, report)
     failed = [(rank, tuple(found)) for rank, found in enumerate(reports) if found is not None]
     return failed[0] if failed else None
+
+
+def agree_call(settings: dict, problem: str | None) -> tuple[int, str] | None:
+    """Before a decode under torch.distributed: every rank gives the call's settings (the latents' shape,
+    the run options, the checkpoint: whatever decides the collectives or the values) and its own problem
+    with the call (None if none). Returns the first rank with a problem and its message, or a message
+    naming the settings the ranks disagree on (as rank -1); None when all agree. One process: its problem."""
+    rank, ranks = rank_and_world()
+    if ranks == 1:
+        return None if problem is None else (0, problem)
+    import torch.distributed as dist
+
+    given = [None] * ranks
+    _collective(dist.all_gather_object, given, (settings, problem))
+    failed = [(r, found) for r, (_, found) in enumerate(given) if found is not None]
+    if failed:
+        return failed[0]
+    differ = [name for name in settings if any(other[name] != settings[name] for other, _ in given)]
+    if not differ:
+        return None
+    values = "; ".join(
+        f"{name} " + ", ".join(f"{other[name]!r} (rank {r})" for r, (other, _) in enumerate(given)) for name in differ
+    )
+    return -1, (
+        f"the ranks were given different decode settings: {values}; every rank must call decode with the "
+        "same latents and options"
+    )
+
+
+def reports_failures() -> bool:
+    """Whether this rank is the one that reports a failure every rank meets: the lowest rank still running.
+    Ranks on other hosts count as running (only this host's processes can be looked at); one process: True."""
+    rank = rank_and_world()[0]
+    if _peers is None:  # no process group (it may have failed to form): the launcher's rank
+        text = os.environ.get("RANK", "0").strip()
+        return rank == 0 and (not text.isdigit() or int(text) == 0)
+    gone = set(stopped_ranks())
+    return all(lower in gone for lower in range(rank))
+
+
+def stopped_ranks() -> list[int]:
+    """The ranks on this host whose process has ended (or is a zombie), from the ids init_process_group
+    recorded; [] when they are unknown."""
+    if _peers is None:
+        return []
+    host = socket.gethostname()
+    return [rank for rank, (name, pid) in enumerate(_peers) if name == host and not _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _collective(call: Callable, *args, **kwargs):
+    """`call(*args, **kwargs)`, a collective: marks the time it started (`in_collective_since`) and turns a
+    failure into RankLost (the only way a collective of ranks that agree on their settings fails)."""
+    global in_collective_since
+    in_collective_since = time.monotonic()
+    try:
+        return call(*args, **kwargs)
+    except RankLost:
+        raise
+    except RuntimeError as error:  # gloo: "Connection closed by peer", "Connection reset by peer", timeouts
+        raise RankLost(error) from error
+    finally:
+        in_collective_since = None
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -83,6 +211,19 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def host_ranks() -> int:
+    """The ranks on this host, which share its memory: from the ids init_process_group recorded, else the
+    launcher's LOCAL_WORLD_SIZE, else every rank; 1 on one process."""
+    ranks = rank_and_world()[1]
+    if ranks == 1:
+        return 1
+    if _peers is not None:
+        host = socket.gethostname()
+        return sum(name == host for name, _ in _peers)
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return min(int(text), ranks) if text.isdigit() and int(text) >= 1 else ranks
 
 
 def receives_output(output_rank: int | None) -> bool:
@@ -147,10 +288,21 @@ def decode_shared(
     calls = plan_tile_calls(count, tile_batch, ranks, per_window)
     counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
     local = allocate(counts[rank])
-    if calls[rank]:
-        decode_calls(calls[rank], local)
     if ranks == 1:
+        if calls[rank]:
+            decode_calls(calls[rank], local)
         return local
+    failure = None
+    try:
+        if calls[rank]:
+            decode_calls(calls[rank], local)
+    except Exception as error:  # told to the other ranks first, so that none waits in the gather for it
+        failure = error
+    failed = agree(None if failure is None else (1, f"{type(failure).__name__}: {failure}"), ranks)
+    if failure is not None:
+        raise failure
+    if failed is not None:
+        raise RankFailed(failed[0], failed[1][1])
     return _gather(local, counts, output_rank)
 
 
@@ -165,11 +317,11 @@ def _gather(local: torch.Tensor, counts: list[int], output_rank: int | None) -> 
         padded[: local.shape[0]] = local
     if output_rank is None:
         gathered = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(gathered, padded)
+        _collective(dist.all_gather, gathered, padded)
     elif dist.get_rank() == output_rank:
         gathered = [torch.empty_like(padded) for _ in counts]
-        dist.gather(padded, gathered, dst=output_rank)
+        _collective(dist.gather, padded, gathered, dst=output_rank)
     else:
-        dist.gather(padded, None, dst=output_rank)
+        _collective(dist.gather, padded, None, dst=output_rank)
         return None
     return torch.cat([part[:count] for part, count in zip(gathered, counts)])

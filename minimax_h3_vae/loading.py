@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from .blocks import EAGER_OPS, attention_backends
+from .blocks import EAGER_OPS, attention
 from .config import ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
 from .reader import DTYPES, DeviceReader, NotSafetensors, read_header
@@ -769,9 +769,8 @@ class LibrarySetUp:
                 channels = c.latent_channels
                 kernel = torch.zeros(channels, channels, 1, 1, 1, device=device)
                 F.conv3d(torch.zeros(1, channels, 1, 2, 2, device=device), kernel)
-                with attention_backends(runtime.attention_backends):
-                    q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
-                    F.scaled_dot_product_attention(q, q, q)
+                q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
+                attention(q, q, q, runtime.attention_backends)  # the run's backends, for this call alone
                 torch.cuda.synchronize(device)
             self.ops = ops
         except Exception:  # only a head start: the first decode meets the same problem and reports it

@@ -9,24 +9,31 @@ The plan counts the large buffers (small ones are noise), by what holds them:
 - weights on the device: all of them, or with offload="blocks" all but the block linears plus the two
   slots they stream through;
 - the latents on the device (padded); per temporal window the latent tiles, the decoded tiles and the
-  stitched frames of this window and the previous one (the cross-fade holds its tail);
+  stitched frames of this window and the previous one (the cross-fade holds its tail). Under
+  torch.distributed a rank holds a group of windows at once (distributed.window_group): every window's
+  latent tiles, its own share of decoded tiles (and a padded copy for the gather), and on a rank that
+  receives the output the gathered tiles (each rank's share, then joined) and the group's stitched frames;
 - one decoder call's activations (`tile_bytes` per tile), and with offload="blocks" every tile's residual
   stream and normed input, which stay on the device through the layer-major loop;
 - the float32 copies that `to_uint8_frames` or the mp4's `to_yuv420p_frames` makes of one chunk (two at
   most, both in `to_unit_rgb`);
 - on the host: the latents as read, denormalised and padded (three float32 copies), and the uint8 frames
   on their way to the writer (the chunk being converted, two queued, one being written).
-On the CPU the device is the host: every count lands in `host`.
+On the CPU the device is the host: every count lands in `host`. Host memory is shared by the ranks of one
+host: `host` counts all of them (the output rank's and the others'), so every rank of a host plans the same
+total, and the automatic tile batch on the CPU gives each rank its share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import H3DecoderConfig
+from .distributed import plan_tile_calls, window_group
 from .tiling import RELEASE_TILING, Tiling, plan_chunks, plan_tiles
 
 F32 = 4
@@ -70,7 +77,7 @@ class MemoryPlan:
     weights: int  # weights held on the device, the streamed block linears excluded
     streamed_slots: int  # offload="blocks": the two device slots the block linears stream through
     latents: int  # the padded latents on the device
-    window: int  # one window: latent tiles, decoded tiles, its stitched frames and the previous one's
+    window: int  # one window on one process: latent tiles, decoded tiles, its stitched frames and the last one's
     per_tile: int  # one tile's activations inside a decoder call
     state_per_tile: int  # offload="blocks": one tile's residual stream and normed input, kept between blocks
     tiles: int  # tiles per window, every video of the batch
@@ -79,6 +86,11 @@ class MemoryPlan:
     host_latents: int  # host: the latents as read, denormalised and padded
     host_frames: int  # host: uint8 frames in flight to the writer
     on_cpu: bool
+    windows: int = 1  # windows decoded at once: 1 on one process, a group across ranks
+    group: int = 0  # this rank's buffers for those windows (`window` on one process)
+    decoded_tiles: int = 0  # tiles this rank decodes per group (`tiles` on one process)
+    host_ranks: int = 1  # ranks sharing this host's memory
+    host_others: int = 0  # host bytes of this host's other ranks
 
     @property
     def device(self) -> int:
@@ -87,12 +99,14 @@ class MemoryPlan:
 
     @property
     def host(self) -> int:
-        return self.host_latents + self.host_frames + (self._work if self.on_cpu else 0)
+        """Bytes of host memory of this rank and the other ranks of its host."""
+        own = self.host_latents + self.host_frames + (self._work if self.on_cpu else 0)
+        return own + self.host_others
 
     @property
     def _work(self) -> int:
-        calls = self.tiles_per_call * self.per_tile + self.tiles * self.state_per_tile
-        return self.weights + self.streamed_slots + self.latents + self.window + calls + self.frames_out
+        calls = self.tiles_per_call * self.per_tile + self.decoded_tiles * self.state_per_tile
+        return self.weights + self.streamed_slots + self.latents + self.group + calls + self.frames_out
 
 
 def plan(
@@ -105,9 +119,26 @@ def plan(
     tiling: Tiling = RELEASE_TILING,
     tile_batch: int | None = None,
     batch: int = 1,
+    ranks: int = 1,
+    output_rank: int | None = None,
+    rank: int = 0,
+    host_ranks: int = 1,
 ) -> MemoryPlan:
     """The plan of decoding `batch` videos of latents `shape` (C, T, h, w) with a decoder of `config` whose
-    block linears are `dtype`, on a device of `device_type` ("cpu" or "cuda")."""
+    block linears are `dtype`, on a device of `device_type` ("cpu" or "cuda"); under torch.distributed, for
+    `rank` of `ranks` with the output on `output_rank` (None: every rank), `host_ranks` ranks on this
+    host (the output rank among them) sharing its memory."""
+    args = (config, shape, dtype, device_type, offload, tiling, tile_batch, batch, ranks)
+    mine = _plan(*args, receives=output_rank is None or rank == output_rank)
+    if host_ranks == 1:
+        return mine
+    output = _plan(*args, receives=True)
+    other = _plan(*args, receives=output_rank is None)  # a rank of this host other than the output rank
+    total = output.host + (host_ranks - 1) * other.host
+    return dataclasses.replace(mine, host_ranks=host_ranks, host_others=total - mine.host)
+
+
+def _plan(config, shape, dtype, device_type, offload, tiling, tile_batch, batch, ranks, *, receives) -> MemoryPlan:
     c = config
     channels, frames, h, w = shape
     chunks = plan_chunks(frames, c)
@@ -123,10 +154,23 @@ def plan(
     latents = batch * channels * max(frames, chunks.padded_frames) * h * w * F32
     tile_h, tile_w = tiles.latent_tile_shape
     tokens = chunks.window * tile_h * tile_w + c.num_register_tokens + 1
-    window = count * channels * chunks.window * tile_h * tile_w * F32  # latent tiles
-    window += count * c.out_channels * window_frames * tiles.rows.size * tiles.cols.size * F32  # decoded
-    window += 2 * batch * c.out_channels * window_frames * height * width * F32  # stitched, this and the last
+    latent_tile = channels * chunks.window * tile_h * tile_w * F32
+    decoded_tile = c.out_channels * window_frames * tiles.rows.size * tiles.cols.size * F32
+    stitched = batch * c.out_channels * window_frames * height * width * F32
+    window = count * (latent_tile + decoded_tile) + 2 * stitched  # this window's frames and the last one's
+    windows, group, share = 1, window, count
+    if ranks > 1:  # distributed.decode_shared over a group of windows
+        units = count if tile_batch is None else -(-count // tile_batch)
+        windows = window_group(units, len(chunks.starts), ranks)
+        calls = plan_tile_calls(windows * count, tile_batch, ranks, count)
+        share = max(sum(end - start for start, end in rank_calls) for rank_calls in calls)
+        group = windows * count * latent_tile + 2 * share * decoded_tile  # its share, and the padded copy
+        if receives:  # every rank's share gathered, then joined; the group's frames and the last one's
+            group += (ranks * share + windows * count) * decoded_tile + (windows + 1) * stitched
     return MemoryPlan(
+        windows=windows,
+        group=group,
+        decoded_tiles=share,
         weights=others if streamed else linears + others,
         streamed_slots=2 * linears // c.num_layers if streamed else 0,
         latents=latents,
@@ -135,9 +179,9 @@ def plan(
         state_per_tile=tokens * c.dim * (F32 + element) if streamed else 0,
         tiles=count,
         tiles_per_call=min(tile_batch or 1, count),
-        frames_out=2 * batch * c.out_channels * chunk_frames * height * width * F32,
+        frames_out=2 * batch * c.out_channels * chunk_frames * height * width * F32 if receives else 0,
         host_latents=3 * latents,
-        host_frames=4 * chunk_frames * height * width * 3,
+        host_frames=4 * chunk_frames * height * width * 3 if receives else 0,
         on_cpu=device_type == "cpu",
     )
 
@@ -162,7 +206,8 @@ def auto_tile_batch(memory: MemoryPlan, tiles: int, device: torch.device, cap: i
     """Tiles per decoder call for this rank's `tiles` tiles of a window, when no tile batch is set.
 
     CUDA: what fits in FREE_SHARE of the free memory and, with a `cap`, in the cap less `held` (the bytes the
-    decoder holds there: its weights and this window's buffers). CPU: half the available host memory. With
+    decoder holds there: its weights and this window's buffers). CPU: half the available host memory, shared
+    by the ranks of the host (`memory.host_ranks`). With
     offload="blocks" every tile's residual stream stays on the device too, and the batch stops at
     STREAMED_TILE_BATCH.
     """
@@ -171,33 +216,81 @@ def auto_tile_batch(memory: MemoryPlan, tiles: int, device: torch.device, cap: i
         budget = int(FREE_SHARE * torch.cuda.mem_get_info(device)[0]) - state
         if cap is not None:
             budget = min(budget, cap - held - state)
-    else:
+    else:  # this rank's share of the host's ranks
         host = available_host()
-        budget = (host if host is not None else 2**62) // 2 - state
+        budget = (host if host is not None else 2**62) // (2 * memory.host_ranks) - state
     batch = max(1, budget // memory.per_tile)
     return min(batch, STREAMED_TILE_BATCH) if memory.state_per_tile else batch
 
 
-def available_host() -> int | None:
-    """Host memory this process may still use: MemAvailable, capped by a cgroup (container) limit."""
+def available_host(root: Path = Path("/")) -> int | None:
+    """Host memory this process may still use: MemAvailable, capped by the limit of the process's own cgroup
+    and of each cgroup above it (a container's, a systemd slice's), never negative. `root`: where /proc and
+    /sys are found (tests give a folder of fake files)."""
     found = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            text = Path(limit).read_text().strip()
-            if text != "max" and int(text) < 2**60:
-                found.append(int(text) - int(Path(usage).read_text()))
-        except (OSError, ValueError):
+    found += cgroup_room(root)
+    return max(0, min(found)) if found else None
+
+
+# cgroup v2 and v1: where the memory controller is mounted, its limit, usage and statistics files, and the
+# statistic of page cache the kernel reclaims before it fails an allocation (the kubelet's working set,
+# usage - inactive file pages, counts the same way; v1's total_ counts the cgroups below too, as its usage).
+CGROUP_MEMORY = {
+    "v2": ("sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+    "v1": ("sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+}
+# v1 writes "no limit" as the largest page-aligned counter (about 2^63); anything this large is no limit.
+NO_LIMIT = 2**60
+
+
+def cgroup_room(root: Path = Path("/")) -> list[int]:
+    """For the memory cgroup of this process (/proc/self/cgroup) and each one above it that has a limit:
+    limit - (usage - reclaimable page cache), in bytes (negative when over the limit)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    room = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
             continue
-    return min(found) if found else None
+        mount, limit_name, usage_name, cache_name = CGROUP_MEMORY[version]
+        base = root / mount
+        folder = base / path.strip().lstrip("/")
+        # The folder and every one above it up to the mount; a path that is not visible here (a container
+        # without its own cgroup namespace) leaves the ones that are, down from the container's root.
+        folders = [folder, *folder.parents]
+        for cgroup in folders[: folders.index(base) + 1] if base in folders else [base]:
+            try:
+                text = (cgroup / limit_name).read_text().strip()
+                if text == "max" or int(text) >= NO_LIMIT:
+                    continue
+                usage = int((cgroup / usage_name).read_text())
+                cache = _stat(cgroup / "memory.stat", cache_name)
+            except (OSError, ValueError):
+                continue
+            room.append(int(text) - max(0, usage - cache))
+    return room
+
+
+def _stat(path: Path, name: str) -> int:
+    """One value of a cgroup's memory.stat (0 when it is not there)."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def check_fits(memory: MemoryPlan, device: torch.device, what: str, cap: int | None = None) -> None:

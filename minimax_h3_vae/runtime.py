@@ -14,19 +14,19 @@ decoder holds and every decode reads. A per-call change (`decode(z, tile_batch=.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 from dataclasses import dataclass
 
 import torch
 
-from . import memory
+from . import memory, sdpa
 from .config import H3DecoderConfig
 from .tiling import RELEASE_TILING, Tiling
 
-# SDPA backends in order of preference (names of torch.nn.attention.SDPBackend): cuDNN is the fastest on
-# Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
-ATTENTION_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# SDPA backends in order of preference (names of torch.nn.attention.SDPBackend; sdpa.py runs them per call).
+ATTENTION_BACKENDS = sdpa.BACKENDS
 OFFLOAD_MODES = ("none", "blocks")
 # The block GEMMs of the fused fp16 path: cuBLAS (through torch), or quack's CuTe-DSL GEMMs with the work
 # between them in their epilogues (fused/linear_silu_mul.py, fused/linear_qk_rms_norm_rope.py; Hopper only,
@@ -104,6 +104,8 @@ class DecodeOptions:
         object.__setattr__(self, "fused", resolve_fused(self.fused, device))
         for name in ("tile_batch", "tiling", "output_rank", "attention_backends"):
             object.__setattr__(self, name, _CHECKS[name](getattr(self, name)))
+        if self.attention_backends is not None:
+            check_backends_run(self.attention_backends, device, self.dtype)
         if self.offload not in ("auto", *OFFLOAD_MODES):
             raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
         _check_gib(self.max_gpu_memory)
@@ -140,7 +142,10 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it. None means what it
     means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank); tiling and
     attention_backends need a value. The options that place the weights (device, dtype, offload,
-    max_gpu_memory) are fixed at load: asking for them here is a ValueError."""
+    max_gpu_memory) are fixed at load: asking for them here is a ValueError, as is a name that is no option
+    (naming the nearest one). Whether the backends run on the decoder's device is the decoder's check
+    (`check_backends_run`)."""
+    check_option_names(changes, CALL_OPTIONS)
     fixed = sorted(set(changes) - set(CALL_OPTIONS))
     if fixed:
         raise ValueError(f"{', '.join(fixed)}: fixed when the decoder is loaded; give it to from_pretrained")
@@ -153,7 +158,43 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     return dataclasses.replace(runtime, **checked) if checked else runtime
 
 
+def placement_description(runtime: Runtime, device: torch.device) -> str:
+    """What the run's offload and max_gpu_memory do on `device`, as every door reports them ("" when there is
+    nothing to say). Both are accepted on the CPU, where neither changes where the weights are: they are in
+    host memory already, so offload="blocks" streams nothing (its decode stays layer-major, at most
+    memory.STREAMED_TILE_BATCH tiles per call by default), and max_gpu_memory has no GPU memory to budget."""
+    notes = []
+    if device.type == "cuda":
+        if runtime.offload == "blocks":
+            notes.append("block weights streamed from host memory")
+        if runtime.max_gpu_memory is not None:
+            notes.append(f"GPU memory budget {memory.format_size(runtime.max_gpu_memory)}")
+    else:
+        if runtime.offload == "blocks":
+            notes.append("offload 'blocks' on the CPU: layer-major, nothing streamed (the weights are in host memory)")
+        if runtime.max_gpu_memory is not None:
+            notes.append("max_gpu_memory does nothing on the CPU")
+    return "; ".join(notes)
+
+
 # ---- one check per option ------------------------------------------------------------------------------
+
+
+def check_option_names(names, valid: tuple[str, ...], door: str = "per call (decode, decode_stream, configure)"):
+    """ValueError naming each of `names` that is no run option, with the nearest name (difflib) among those
+    `door` takes and the run options. `valid`: the names `door` takes; the other run options (OPTION_NAMES)
+    pass, for the door's own message (e.g. fixed at load)."""
+    unknown = [name for name in names if name not in OPTION_NAMES and name not in valid]
+    if not unknown:
+        return
+    described = []
+    for name in unknown:
+        near = difflib.get_close_matches(str(name), [*valid, *OPTION_NAMES], n=1, cutoff=0.6)
+        described.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise ValueError(
+        f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(described)}; the options {door} are "
+        f"{', '.join(valid)}"
+    )
 
 
 def _is_int(value) -> bool:
@@ -192,13 +233,28 @@ def _check_output_rank(value) -> int | None:
 def _check_backends(value) -> tuple[str, ...] | None:
     if value is None:
         return None
-    from torch.nn.attention import SDPBackend
-
     names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else ()
-    unknown = [name for name in names if not (isinstance(name, str) and hasattr(SDPBackend, name))]
+    unknown = [name for name in names if not isinstance(name, str) or name not in ATTENTION_BACKENDS]
     if not names or unknown:
-        raise ValueError(f"attention_backends must name SDPBackend members (e.g. {ATTENTION_BACKENDS}), got {value!r}")
+        near = [difflib.get_close_matches(n.upper(), ATTENTION_BACKENDS, n=1) for n in unknown if isinstance(n, str)]
+        hint = "; did you mean " + ", ".join(repr(n[0]) for n in near if n) + "?" if any(near) else ""
+        raise ValueError(
+            f"attention_backends must name SDPA backends from {ATTENTION_BACKENDS}, most preferred first, "
+            f"got {value!r}{hint}"
+        )
     return names
+
+
+def check_backends_run(backends: tuple[str, ...], device: torch.device, dtype: torch.dtype, head_dim: int = 64):
+    """ValueError when none of `backends` can run the decoder's attention (head dim `head_dim`: 64 in every
+    release) in `dtype` on `device`, naming those that can. A list may name backends that do not run here (a
+    preference that also serves other machines): they are skipped at each call."""
+    if not sdpa.runnable(backends, device, dtype, head_dim):
+        here = sdpa.runnable(ATTENTION_BACKENDS, device, dtype, head_dim)
+        raise ValueError(
+            f"attention_backends {tuple(backends)}: none of them runs on {device} with {dtype}; "
+            f"the backends that run there: {', '.join(here) or 'none'}"
+        )
 
 
 def _check_gib(value) -> None:
@@ -210,6 +266,7 @@ def _check_gib(value) -> None:
         raise ValueError(f"max_gpu_memory {value!r} GiB is less than one byte")
 
 
+OPTION_NAMES = tuple(field.name for field in dataclasses.fields(DecodeOptions))
 _CHECKS = {
     "fused": _check_fused,
     "tile_batch": _check_tile_batch,

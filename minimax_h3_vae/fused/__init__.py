@@ -48,6 +48,7 @@ AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rm
 # attention="fa4": the attention op -> its module (else SDPA, the eager op).
 FA4_KERNELS = {"attention": "flash_attention"}
 # What runs when none of an op's kernels can (the warning says so); any other op: the eager one.
+EAGER_INSTEAD = "the eager op runs instead"
 INSTEAD = {
     **{name: f"torch's linear and the {then} op run instead" for name, then in AFTER_CUBLAS.items()},
     "attention": "torch's SDPA runs instead",
@@ -174,7 +175,7 @@ def select_ops(
     and the norm's kernels, and proj_out as tf32x3_linear.
     attention: "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's
     SDPA (the eager op)."""
-    ops, left_out = {"attention": blocks.EAGER_OPS.attention}, []
+    ops, left_out = {"attention": blocks.EAGER_OPS.attention}, {}  # (why, instead) -> the kernels left out
     for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
         # The device test comes first so that a kernel that cannot launch here is never defined.
         problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
@@ -186,17 +187,23 @@ def select_ops(
                 chosen, ops[name] = module, getattr(kernel, name)
                 break
             tried.append((module, why))
-        instead = f"the {chosen} kernel runs instead" if chosen else INSTEAD.get(name, "the eager op runs instead")
-        left_out += [f"{module} ({why}; {instead})" for module, why in tried]
+        instead = f"the {chosen} kernel runs instead" if chosen else INSTEAD.get(name, EAGER_INSTEAD)
+        for module, why in tried:
+            left_out.setdefault((why, instead), []).append(module)
         if chosen is None and name not in AFTER_CUBLAS:
             ops[name] = getattr(blocks.EAGER_OPS, name)
     for name, then in AFTER_CUBLAS.items():
         if name not in ops:
             eager = getattr(blocks.EAGER_OPS, then) is ops[then]
             ops[name] = getattr(blocks.EAGER_OPS, name) if eager else _after_cublas(name, ops[then])
-    if left_out:
+    if left_out:  # one clause per reason: on the CPU all five kernels share one
+        clauses = []
+        for (why, instead), modules in left_out.items():
+            plural = instead == EAGER_INSTEAD and len(modules) > 1
+            clauses.append(f"{', '.join(modules)} ({why}; {'their eager ops run instead' if plural else instead})")
+        reasons = "; ".join(clauses)
         warnings.warn(
-            f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(left_out)}",
+            f"fused path on {device} with {dtype}: running without the kernel(s) {reasons}",
             stacklevel=3,
         )
     return SimpleNamespace(**ops)

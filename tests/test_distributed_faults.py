@@ -1,0 +1,285 @@
+"""Faults under torchrun (issue 30): ranks given different options, a rank whose own decode fails, a rank
+killed mid-decode, a rank blocked in a collective when the stop comes; one line, on the lowest rank still
+running, no temporary file left, in bounded time. Real torchrun launches of gloo ranks on the CPU: the
+slowest tests here; the 20-run repeat of the kill is marked slow (`pytest -m slow`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import minimax_h3_vae
+from minimax_h3_vae import H3VideoDecoder, cli
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(minimax_h3_vae.__file__).resolve().parents[1]  # the ranks import the package under test
+TINY = REPO / "examples" / "tiny_h3_vae"
+WORKER = Path(__file__).with_name("distributed_faults_worker.py")
+TYPE_NAMES = re.compile(r"\b\w+(Error|Exception)\b|NoneType|Traceback")
+
+
+def torchrun(*args, ranks=2, module=False, wait=True, timeout=180):
+    """torchrun --standalone on `ranks` CPU ranks: the worker (or, with module=True, the command)."""
+    target = ["-m", "minimax_h3_vae.cli"] if module else [str(WORKER)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *target]
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
+    env.pop("OMP_NUM_THREADS", None)  # torchrun's own choice (1 thread per rank) is part of what is tested
+    process = subprocess.Popen(
+        [*command, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=PACKAGE_ROOT,
+    )
+    if not wait:
+        return process
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: end the launch and its ranks, then fail
+        end_launch(process)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def end_launch(agent: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks (each rank leads a process group of its own, as torchrun starts them)."""
+    try:
+        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    except OSError:  # it has just ended
+        children = []
+    for child in children:
+        try:
+            os.killpg(int(child), signal.SIGKILL)
+        except OSError:
+            pass
+    agent.kill()
+    agent.communicate()
+
+
+def rank_pids(agent: subprocess.Popen, ranks: int, timeout: float = 60) -> dict[int, int]:
+    """rank -> process id of torchrun's workers (read from their environment)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for child in Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split():
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            found.update({int(e[5:]): int(child) for e in env if e.startswith(b"RANK=")})
+        if len(found) == ranks:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("torchrun's workers did not start")
+
+
+def ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def lines(stderr: str) -> list[str]:
+    """The command's own lines about the end of a run (not torchrun's report, not the progress bar)."""
+    return [
+        m.group(0) for m in re.finditer(r"(error: |interrupted by )[^\r\n]*", stderr) if "elastic" not in m.group(0)
+    ]
+
+
+@pytest.fixture(scope="module")
+def long_latents(tmp_path_factory) -> Path:
+    """157 latent frames of 3 tiles (31 windows): a decode that lasts a few seconds on two CPU ranks."""
+    path = tmp_path_factory.mktemp("latents") / "in.safetensors"
+    save_file({"latents": torch.randn(24, 157, 1, 29, generator=torch.Generator().manual_seed(3))}, str(path))
+    return path
+
+
+def command_args(latents: Path, out: Path) -> list:
+    return [latents, out, "--model", TINY, "--device", "cpu", "--tile-batch", "1", "--raw-latents"]
+
+
+# ---- round 3: a launch without its rendezvous ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"MASTER_PORT": "29500"}, "MASTER_ADDR"),
+        ({"MASTER_ADDR": "localhost"}, "MASTER_PORT"),
+        ({"MASTER_ADDR": "localhost", "MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ],
+)
+def test_world_size_without_the_rendezvous_is_one_line_exit_2(monkeypatch, capsys, tmp_path, env, named):
+    """Bug: WORLD_SIZE=2 RANK=0 without MASTER_ADDR exited 1 with a Python type name in the message."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    save_file({"latents": torch.zeros(24, 1, 1, 1)}, str(tmp_path / "in.safetensors"))
+    assert cli.main([str(tmp_path / "in.safetensors"), str(tmp_path / "out.mp4"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+    assert not TYPE_NAMES.search(err[0]), err
+
+
+# ---- row 20 (and rows 18, 19 for the API): the ranks agree on each call first ------------------------------
+
+
+@pytest.fixture(scope="module")
+def api_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("api")
+    result = torchrun("api", TINY, folder, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)], folder
+
+
+def test_ranks_given_different_options_fail_together(api_run):
+    """Bug: ranks given different tile batches aborted rank 0 (SIGABRT inside gloo); different output ranks
+    hung until the collective timeout. Now every rank raises the same ValueError, naming what differs, and
+    the process group stays usable."""
+    results, _ = api_run
+    for name, words in (
+        ("tile_batch", "tile_batch 1 (rank 0), 2 (rank 1)"),
+        ("output_rank", "output_rank 0 (rank 0), 1 (rank 1)"),
+        ("latents", "latents shape (1, 24, 2, 1, 29) (rank 0), (1, 24, 2, 1, 28) (rank 1)"),
+    ):
+        for rank in (0, 1):
+            assert results[rank][name].startswith("ValueError: the ranks were given different decode settings")
+            assert words in results[rank][name], results[rank][name]
+
+
+def test_one_ranks_own_problem_fails_every_rank(api_run):
+    results, _ = api_run
+    assert results[1]["own_problem"].startswith("ValueError: tile_batch must be")
+    assert results[0]["own_problem"] == "ValueError: rank 1: " + results[1]["own_problem"].removeprefix("ValueError: ")
+    assert results[1]["own_failure"] == "RuntimeError: injected failure"
+    assert results[0]["own_failure"] == (
+        "RankFailed: rank 1 failed while decoding its tiles: RuntimeError: injected failure"
+    )
+
+
+def test_torchrun_runs_each_rank_on_one_thread(api_run, one_thread):
+    """Row 19: torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
+    the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""
+    results, folder = api_run
+    assert results[0]["threads"] == results[1]["threads"] == 1
+    sys.path.insert(0, str(WORKER.parent))
+    from distributed_faults_worker import latents
+
+    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(latents(), tile_batch=1)
+    for rank in (0, 1):
+        assert torch.equal(torch.load(folder / f"rank{rank}.pt"), expected)
+
+
+def test_the_docs_say_what_torchrun_does_to_threads():
+    text = (PACKAGE_ROOT / "docs" / "performance.md").read_text()
+    section = text.split("## More than one GPU", 1)[1].split("\n## ", 1)[0]
+    assert "OMP_NUM_THREADS=1" in section and "thread" in section
+
+
+# ---- row 18: a rank's own failure in the command: one line, by rank 0 ---------------------------------
+
+
+def test_a_ranks_failure_is_one_line_from_rank_0(tmp_path):
+    """Bug: every surviving rank printed an error line, with gloo's text ("Connection closed by peer")."""
+    save_file({"latents": torch.randn(24, 2, 1, 29)}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    result = torchrun("cli_fail", *command_args(tmp_path / "in.safetensors", out))
+    found = lines(result.stderr)
+    assert len(found) == 1, result.stderr[-3000:]
+    assert found[0].startswith("error: rank 1 failed while decoding its tiles: RuntimeError: injected failure")
+    assert "gloo" not in result.stderr and "Connection" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
+
+
+# ---- row 3 (and 18): a rank killed, or blocked, mid-decode ------------------------------------------------
+
+
+def kill_a_rank(latents: Path, folder: Path, ranks: int) -> tuple[float, str]:
+    """The command on `ranks` ranks; once rank 0's temporary file exists, rank 1 is stopped where it is and
+    killed (kill -9). Returns the seconds from the kill to torchrun's end, and its stderr."""
+    agent = torchrun(*command_args(latents, folder / "out.safetensors"), ranks=ranks, module=True, wait=False)
+    try:
+        pids = rank_pids(agent, ranks)
+        assert wait_for(lambda: any(".part" in p.name for p in folder.iterdir()), 60), "rank 0 never opened OUT"
+        os.kill(pids[1], signal.SIGSTOP)  # somewhere in its decode: rank 0 is inside the decode too
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = agent.communicate(timeout=60)
+        return time.monotonic() - killed, err
+    finally:
+        if agent.poll() is None:
+            end_launch(agent)
+
+
+def check_killed_run(took: float, stderr: str, folder: Path) -> None:
+    assert took < 15, f"{took:.1f} s: a rank was left waiting"
+    found = lines(stderr)
+    assert len(found) == 1 and "rank 1" in found[0], stderr[-3000:]
+    assert not TYPE_NAMES.search(found[0]) and "gloo" not in found[0], found[0]
+    assert list(folder.iterdir()) == [], "no output, no temporary file"
+
+
+def test_a_killed_rank_ends_the_run_with_one_line_and_no_litter(tmp_path, long_latents):
+    """Bugs: with 3 ranks, kill -9 of rank 1 made both survivors print gloo's error; the line now comes from
+    rank 0 alone and names rank 1."""
+    took, err = kill_a_rank(long_latents, tmp_path, ranks=3)
+    check_killed_run(took, err, tmp_path)
+
+
+@pytest.mark.slow
+def test_twenty_killed_ranks(tmp_path, long_latents):
+    """Row 3: 20 runs with a rank killed at a random point of its decode: none hangs, none leaves a file."""
+    for run in range(20):
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        took, err = kill_a_rank(long_latents, folder, ranks=2)
+        check_killed_run(took, err, folder)
+
+
+def test_a_rank_blocked_in_a_collective_stops_in_bounded_time(tmp_path, long_latents):
+    """Bug: a rank waiting inside gloo cannot run Python's signal handler: torchrun's SIGTERM did nothing,
+    SIGKILL came 30 s later and the temporary file stayed. Rank 1 is frozen (SIGSTOP), so rank 0 waits in
+    a collective; SIGTERM to rank 0 now ends it in about 2 s, with the one line and nothing left."""
+    agent = torchrun(*command_args(long_latents, tmp_path / "out.safetensors"), module=True, wait=False)
+    try:
+        pids = rank_pids(agent, 2)
+        assert wait_for(lambda: any(".part" in p.name for p in tmp_path.iterdir()), 60), "rank 0 never opened OUT"
+        os.kill(pids[1], signal.SIGSTOP)
+        time.sleep(0.5)  # rank 0 reaches the next collective and waits there
+        os.kill(pids[0], signal.SIGTERM)
+        start = time.monotonic()
+        stopped = wait_for(lambda: ended(pids[0]), 10)
+        took, litter = time.monotonic() - start, sorted(p.name for p in tmp_path.iterdir())
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            end_launch(agent)
+    assert stopped, f"rank 0 still running {took:.1f} s after SIGTERM"
+    assert litter == [], litter
+    assert lines(err) == ["interrupted by SIGTERM: nothing was written"], err[-3000:]
+    assert re.search(rf"exitcode\s+: 143 \(pid: {pids[0]}\)", err), err[-3000:]
