@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .text import parse_whole
+
 # A rank that dies mid-decode leaves the others waiting in a collective: bound that wait.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 MAX_RANKS = 65536
@@ -65,12 +67,20 @@ class RankFailed(RuntimeError):
         self.rank = rank
 
 
+def _whole(text: str) -> int | None:
+    """A launcher's variable as a whole number (ASCII digits only, as text.parse_whole reads them), else None."""
+    try:
+        return parse_whole(text)
+    except ValueError:
+        return None
+
+
 def launched_world_size() -> int:
     """The number of ranks a launcher (torchrun) started: WORLD_SIZE, with RANK and LOCAL_RANK checked when
     it is above 1. Without WORLD_SIZE (or with 1) this is one process, whatever a stray RANK says.
     ValueError naming the variable for a value a launcher would not set."""
     text = os.environ.get("WORLD_SIZE", "1").strip()
-    if not text.isdigit() or int(text) < 1 or int(text) > MAX_RANKS:
+    if _whole(text) is None or not 1 <= int(text) <= MAX_RANKS:
         raise ValueError(
             f"WORLD_SIZE={text!r} is not a number of processes from 1 to {MAX_RANKS}: unset it, or launch with torchrun"
         )
@@ -78,7 +88,7 @@ def launched_world_size() -> int:
     if ranks > 1:
         for name in ("RANK", "LOCAL_RANK"):
             value = os.environ.get(name, "0").strip()
-            if not value.isdigit() or int(value) >= ranks:
+            if _whole(value) is None or int(value) >= ranks:
                 raise ValueError(f"{name}={value!r} is not a rank below WORLD_SIZE={ranks}: launch with torchrun")
         for name in RENDEZVOUS_VARIABLES:
             if not os.environ.get(name, "").strip():
@@ -87,7 +97,7 @@ def launched_world_size() -> int:
                     f"{' and '.join(RENDEZVOUS_VARIABLES)} (the rank 0 host and a free port) on every rank"
                 )
         port = os.environ["MASTER_PORT"].strip()
-        if not port.isdigit() or not 0 < int(port) < 65536:
+        if _whole(port) is None or not 0 < int(port) < 65536:
             raise ValueError(f"MASTER_PORT={port!r} is not a port number from 1 to 65535: launch with torchrun")
     return ranks
 
@@ -167,7 +177,7 @@ def reports_failures() -> bool:
     rank = rank_and_world()[0]
     if _peers is None:  # no process group (it may have failed to form): the launcher's rank
         text = os.environ.get("RANK", "0").strip()
-        return rank == 0 and (not text.isdigit() or int(text) == 0)
+        return rank == 0 and _whole(text) in (None, 0)
     gone = set(stopped_ranks())
     return all(lower in gone for lower in range(rank))
 
@@ -223,7 +233,7 @@ def host_ranks() -> int:
         host = socket.gethostname()
         return sum(name == host for name, _ in _peers)
     text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    return min(int(text), ranks) if text.isdigit() and int(text) >= 1 else ranks
+    return min(int(text), ranks) if (_whole(text) or 0) >= 1 else ranks
 
 
 def receives_output(output_rank: int | None) -> bool:

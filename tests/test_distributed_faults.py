@@ -145,6 +145,21 @@ def test_world_size_without_the_rendezvous_is_one_line_exit_2(monkeypatch, capsy
     assert not TYPE_NAMES.search(err[0]), err
 
 
+@pytest.mark.parametrize("name, value", [("WORLD_SIZE", "\u00b2"), ("WORLD_SIZE", "\u0662"), ("RANK", "\u00b9")])
+def test_launcher_variables_are_read_as_strictly_as_flags(monkeypatch, capsys, tmp_path, name, value):
+    """Numbers a launcher sets are ASCII digits, as the command reads every number: a superscript or another
+    script's digit is the one error line, not int()'s "invalid literal"."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv(name, value)
+    save_file({"latents": torch.zeros(24, 1, 1, 1)}, str(tmp_path / "in.safetensors"))
+    assert cli.main([str(tmp_path / "in.safetensors"), str(tmp_path / "out.mp4"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {name}=") and "invalid literal" not in err[0], err
+
+
 # ---- row 20 (and rows 18, 19 for the API): the ranks agree on each call first ------------------------------
 
 
