@@ -469,22 +469,22 @@ def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]
     loader finds its FL2VA/audio_vae/ or audio_vae/), the audio_vae/ folder beside a video VAE folder
     (FL2VA/video_vae/ -> FL2VA/audio_vae/, vae/ -> audio_vae/), and nothing for a single video VAE file."""
     if args.audio_model is not None:
-        return args.audio_model, None, "--audio-model"
+        return args.audio_model, None, "--audio-model's"
     path = Path(args.model).expanduser()
     try:
         exists = path.exists()
     except OSError as error:  # a name too long for the filesystem, a folder that may not be searched
         raise InputError(f"{shown(args.model)}: cannot look there ({error.strerror})") from None
     if not exists:  # a hub repo id, at the same revision (the loader explains anything else)
-        return args.model, args.revision, "the hub repo"
+        return args.model, args.revision, "the hub repo's"
     if path.is_file():
         return None, None, "a single video VAE file"
     if (path / "config.json").is_file():  # the video VAE's own folder
         sibling = path.absolute().parent / "audio_vae"
         if (sibling / "config.json").is_file():
-            return str(sibling), None, "a video VAE folder"
+            return str(sibling), None, "the audio_vae/ folder beside --model's"
         return None, None, "a video VAE folder with no audio_vae/ folder beside it"
-    return args.model, None, "a repo root"
+    return args.model, None, "the repo root's"
 
 
 def check_sound(args: argparse.Namespace, options, source, video: tuple[int, float] | None):
@@ -512,8 +512,11 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     try:
         checkpoint = load_audio_checkpoint(where, revision=revision)
     except CheckpointError as error:
-        hint = "" if args.audio_model is not None else "; give the audio VAE with --audio-model SOURCE"
-        raise InputError(f"{error} (the audio VAE of {what}, for IN's audio latents){hint}, or {leave_out}") from None
+        fix = "fix --audio-model" if args.audio_model is not None else "give one with --audio-model SOURCE"
+        raise InputError(
+            f"{name}: holds audio latents {shape}, and their audio VAE ({what}) cannot be loaded: {error}; {fix}, "
+            f"or {leave_out}"
+        ) from None
     if any(output.same_file(args.output, path) for path in checkpoint_files(where, checkpoint)):
         raise InputError(f"{shown(args.output)}: is a file of the audio checkpoint {shown(where)}; give another name")
     config = checkpoint.config
