@@ -122,7 +122,9 @@ EXAMPLES = """examples:
   minimax-h3-decode latents.safetensors out.mp4                           # the released VAE, from the hub
   minimax-h3-decode latents.safetensors out.mp4 --model /models/MiniMax-H3 --fps 24
   minimax-h3-decode examples/latents.safetensors example.mp4 --model examples/tiny_h3_vae   # in the checkout
-  minimax-h3-decode latents.safetensors frames.safetensors --device cpu   # uint8 frames, no ffmpeg needed"""
+  minimax-h3-decode latents.safetensors frames.safetensors --device cpu   # uint8 frames, no ffmpeg needed
+  minimax-h3-decode latents.safetensors sound.wav                         # the sound alone
+  minimax-h3-decode latents.safetensors out.mp4 --model vae.safetensors --audio-model audio_vae.safetensors"""
 
 
 def flag_type(parse):
