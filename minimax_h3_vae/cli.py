@@ -400,14 +400,17 @@ def prepare(args: argparse.Namespace, device, rank: int) -> Prepared:
     frames = plan_chunks(frames_in, config).out_frames
     height, width = h * config.patch_size, w * config.patch_size
     fps = args.fps or source.fps or DEFAULT_FPS
+    try:
+        if args.output.suffix.lower() == ".mp4":
+            output.check_fps(fps, "--fps" if args.fps else f"{shown(args.input)}: metadata fps")
+    except ValueError as error:
+        raise InputError(str(error)) from None
     audio = None  # rank 0: (the audio checkpoint, the sound's format)
     if rank == 0 and source.audio is not None:
         audio = check_sound(args, options, source, (frames, fps))
     sound_format = audio[1] if audio is not None else None
     try:
         runtime = resolve(options, config, checkpoint.tiling)
-        if args.output.suffix.lower() == ".mp4":
-            output.check_fps(fps, "--fps" if args.fps else f"{shown(args.input)}: metadata fps")
         needs = plan(
             config,
             source.shape,
@@ -501,6 +504,7 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     from .latents import AUDIO_RATE_KEY, check_durations
     from .loading import CheckpointError
     from .memory import audio_decode_bytes, check_bytes
+    from .runtime import GIB
 
     name, shape = shown(args.input), source.audio.shape
     leave_out = "leave the sound out with --no-audio"
@@ -541,8 +545,9 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
             raise InputError(f"{name}: {error}; give the clip's --fps, or {leave_out}") from None
     weights = 4 * sum(math.prod(s) for key, s in checkpoint.shapes.items() if key.startswith(DECODER_PREFIXES))
     host, device_bytes = audio_decode_bytes(config, weights, shape[0], latents, options.device.type)
+    cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)  # --max-gpu-memory
     try:
-        check_bytes(host, device_bytes, options.device, f"decoding audio latents {shape}", options.max_gpu_memory)
+        check_bytes(host, device_bytes, options.device, f"decoding audio latents {shape}", cap)
     except ValueError as error:
         raise InputError(str(error)) from None
     return checkpoint, output.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
@@ -567,7 +572,7 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> outpu
     samples = decoder.decode(audio_latents)
     if not torch.isfinite(samples).all():
         raise WriteError(
-            f"{shown(args.output)}: the decoded sound holds NaN or Inf (are the audio VAE's weights sound?); "
+            f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
             "nothing was written"
         )
     sound = output.Soundtrack(samples.cpu(), decoder.sample_rate)

@@ -240,8 +240,11 @@ def check_encoder(
 ) -> None:
     """For mp4 and .flac output, ValueError with ffmpeg's own reason when the encoder refuses these settings (a
     frame size libx264 does not take, a sample rate the audio encoder does not): one black frame and one AAC
-    frame of silence (or the FLAC encoder alone) are encoded to nowhere, before any decoding."""
+    frame of silence (or the FLAC encoder alone) are encoded to nowhere, before any decoding. For .wav, a
+    ValueError for more sound than a WAV file's 32-bit sizes hold."""
     suffix = output.suffix.lower()
+    if suffix == ".wav" and sound is not None and sound.channels * sound.samples * 4 > WAV_MAX_DATA:
+        raise ValueError(f"{shown(output)}: {sound.seconds:.0f} s of sound exceed a WAV file's 4 GiB; write a .flac")
     if suffix not in (".mp4", ".flac"):
         return
     silence = None if sound is None else Soundtrack(torch.zeros(sound.channels, AAC_FRAME), sound.sample_rate)
@@ -631,10 +634,7 @@ class WavSink(OutputFile):
     decoded samples. The whole file is written at `commit`, then verified by its size."""
 
     def __init__(self, output: Path, sound: Soundtrack):
-        self.sound, self.handle = sound, None
-        data = sound.samples.numel() * 4
-        if data > WAV_MAX_DATA:
-            raise WriteError(f"{shown(output)}: {data} bytes of sound exceed WAV's 4 GiB; write a .flac")
+        self.sound, self.handle = sound, None  # at most WAV_MAX_DATA bytes of samples (check_encoder)
         super().__init__(output)
 
     def header(self) -> bytes:
