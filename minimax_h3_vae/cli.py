@@ -1,12 +1,14 @@
-"""Decode MiniMax-H3 video latents to an mp4 (or to uint8 frames in a .safetensors file).
+"""Decode MiniMax-H3 latents to an mp4 with sound (or to uint8 frames in a .safetensors file, or the sound alone).
 
-    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--revision REV] [--device cpu|cuda]
-        [--dtype fp32|fp16] [--fps 24] [--crf 17] [--preset NAME] [--raw-latents] [--eager] [--tile-batch N]
-        [--offload auto|none|blocks] [--max-gpu-memory GIB] [--verbose]
+    minimax-h3-decode IN.safetensors OUT.mp4 [--model SOURCE] [--revision REV] [--audio-model SOURCE]
+        [--no-audio] [--device cpu|cuda] [--dtype fp32|fp16] [--fps 24] [--crf 17] [--preset NAME] [--raw-latents]
+        [--eager] [--tile-batch N] [--offload auto|none|blocks] [--max-gpu-memory GIB] [--verbose]
 
 IN holds the latents under the key `latents` (or as its only tensor), shaped (24, T, h, w) or
-(1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Frames are
-written as they are decoded; the output file appears only once it is complete and verified.
+(1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Audio latents
+under `audio_latents`, (2, 32, N) as the pipeline makes them, are decoded first (on rank 0 alone under torchrun)
+and go into OUT beside the video. Frames are written as they are decoded; the output file appears only once it
+is complete and verified.
 
 Exit codes: 0 written; 1 failed while decoding or writing; 2 bad input (one `error:` line, checked before
 the model is loaded where possible); 130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (128 + the number of
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import resource
@@ -34,7 +37,7 @@ from . import distributed, output
 from .output import WriteError
 from .text import one_line, parse_number, parse_whole, shown
 
-DEFAULT_FPS = 24.0
+DEFAULT_FPS = output.DEFAULT_FPS
 DEFAULT_CRF = 17
 # Every signal whose default action ends the process and that a handler may catch (SIGKILL and SIGSTOP
 # cannot be caught; SIGPIPE stays ignored, as Python sets it, so a closed pipe is an error where it is
@@ -121,7 +124,9 @@ EXAMPLES = """examples:
   minimax-h3-decode latents.safetensors out.mp4                           # the released VAE, from the hub
   minimax-h3-decode latents.safetensors out.mp4 --model /models/MiniMax-H3 --fps 24
   minimax-h3-decode examples/latents.safetensors example.mp4 --model examples/tiny_h3_vae   # in the checkout
-  minimax-h3-decode latents.safetensors frames.safetensors --device cpu   # uint8 frames, no ffmpeg needed"""
+  minimax-h3-decode latents.safetensors frames.safetensors --device cpu   # uint8 frames, no ffmpeg needed
+  minimax-h3-decode latents.safetensors sound.wav                         # the sound alone
+  minimax-h3-decode latents.safetensors out.mp4 --model vae.safetensors --audio-model audio_vae.safetensors"""
 
 
 def flag_type(parse):
@@ -144,7 +149,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", type=Path, help="latents .safetensors file")
-    parser.add_argument("output", type=Path, help="output .mp4 (H.264) or .safetensors (uint8 frames, key 'video')")
+    parser.add_argument(
+        "output",
+        type=Path,
+        help="output .mp4 (H.264, with AAC sound when IN holds audio latents), .safetensors (uint8 frames 'video', "
+        "float32 sound 'audio'), or .wav / .flac (the sound alone)",
+    )
     parser.add_argument(
         "--model",
         default="MiniMaxAI/MiniMax-H3",
@@ -156,6 +166,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="hub branch, tag or commit of --model (default: the cached main, else the hub's); a branch or tag "
         "asks the hub for its newest commit",
     )
+    parser.add_argument(
+        "--audio-model",
+        metavar="SOURCE",
+        help="the audio VAE: hub repo id, repo root, audio_vae/ folder or ComfyUI audio .safetensors file (default: "
+        "--model's own, or the audio_vae/ folder beside a video_vae/ or vae/ folder)",
+    )
+    parser.add_argument("--no-audio", action="store_true", help="leave IN's audio latents out: the video alone")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), help="default: fp16 (release recipe) on cuda, else fp32")
     parser.add_argument(
@@ -227,13 +244,14 @@ def agree(error: Exception | None, ranks: int) -> None:
 
 @dataclass
 class Prepared:
-    decoder: object  # H3VideoDecoder
-    z: object  # raw latents (1, C, T, h, w), float32
+    decoder: object | None  # H3VideoDecoder; None when OUT holds the sound alone
+    z: object | None  # raw latents (1, C, T, h, w), float32
     fps: float
     frames: int
     height: int
     width: int
-    sink: output.Sink | None  # rank 0's open output
+    sink: output.OutputFile | None  # rank 0's open output
+    sound: output.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
 
 
 def run(args: argparse.Namespace, rank: int, ranks: int, device, watchdog: Watchdog | None = None) -> None:
@@ -305,6 +323,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise InputError(f"--crf must be a whole number from {low} (lossless) to {high} (worst), got {args.crf}")
     if args.output.suffix.lower() != ".mp4" and (args.crf != DEFAULT_CRF or args.preset):
         raise InputError("--crf and --preset set the mp4 encoder; the output is not an .mp4")
+    if args.no_audio and args.audio_model is not None:
+        raise InputError("--audio-model names the audio VAE and --no-audio leaves the sound out; give one of them")
+    if args.no_audio and args.output.suffix.lower() in output.AUDIO_FORMATS:
+        raise InputError(f"{shown(args.output)}: holds the sound alone, and --no-audio leaves it out; give one of them")
 
 
 def checkpoint_files(model: str, checkpoint) -> list[Path]:
@@ -319,12 +341,14 @@ def checkpoint_files(model: str, checkpoint) -> list[Path]:
 
 
 def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prepared:
-    """Every check, cheapest first, then the decoder and (on rank 0) the open output.
+    """Every check, cheapest first, then the decoders, the sound decoded (on rank 0), and (on rank 0) the open
+    output.
 
     Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
-    IN's header. From the checkpoint's headers alone: OUT is none of its files, the latent channels, the
-    frame rate, free disk space, and the memory plan of the resolved run settings. Only then are the
-    latents and the weights read.
+    IN's header. From the checkpoints' headers alone: OUT is none of their files, the latent channels, the
+    frame rate, the audio's duration against the video's, free disk space, and the memory plan of the resolved
+    run settings. Only then are the latents and the weights read, and the sound decoded before the video
+    decoder is built.
     """
     from .decoding import H3VideoDecoder
     from .latents import (
@@ -353,9 +377,11 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     try:
         if rank == 0:
             output.probe_folder(args.output)
-        source = read_latents_header(args.input)
+        source = read_latents_header(args.input, audio=not args.no_audio)
     except ValueError as error:
         raise InputError(str(error)) from None
+    if args.output.suffix.lower() in output.AUDIO_FORMATS:
+        return prepare_sound_alone(args, options, source, rank)
 
     if rank == 0:
         say(f"loading {shown(args.model)} onto {options.device} ...")
@@ -379,9 +405,16 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     height, width = h * config.patch_size, w * config.patch_size
     fps = args.fps or source.fps or DEFAULT_FPS
     try:
-        runtime = resolve(options, config, checkpoint.tiling)
         if args.output.suffix.lower() == ".mp4":
             output.check_fps(fps, "--fps" if args.fps else f"{shown(args.input)}: metadata fps")
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    audio = None  # rank 0: (the audio checkpoint, the sound's format)
+    if rank == 0 and source.audio is not None:
+        audio = check_sound(args, options, source, (frames, fps))
+    sound_format = audio[1] if audio is not None else None
+    try:
+        runtime = resolve(options, config, checkpoint.tiling)
         needs = plan(
             config,
             source.shape,
@@ -398,8 +431,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
         if rank == 0:
-            output.check_free_space(args.output, output.least_bytes(args.output, frames, height, width))
-            output.check_encoder(args.output, width, height, fps, args.crf, args.preset)
+            needed = output.least_bytes(args.output, frames, height, width, sound_format)
+            output.check_free_space(args.output, needed)
+            output.check_encoder(args.output, width, height, fps, args.crf, args.preset, sound_format)
         latents = read_latents(source)
     except ValueError as error:
         raise InputError(str(error)) from None
@@ -408,12 +442,157 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
         raise InputError(f"{shown(args.input)}: {error}") from None
+    sound = decode_sound(args, options, source, audio[0]) if audio is not None else None
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
         raise InputError(str(error)) from None
-    sink = output.open_sink(args.output, frames, height, width, fps, args.crf, args.preset) if rank == 0 else None
-    return Prepared(decoder, z, fps, frames, height, width, sink)
+    sink = None
+    if rank == 0:
+        sink = output.open_sink(args.output, frames, height, width, fps, args.crf, args.preset, sound)
+    return Prepared(decoder, z, fps, frames, height, width, sink, sound)
+
+
+def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) -> Prepared:
+    """`prepare` for a .wav or .flac OUT: the sound alone, decoded on rank 0 (the other ranks have nothing to
+    do); the video latents are not read and the video checkpoint is not opened."""
+    from .latents import AUDIO_KEY
+
+    fps = args.fps or source.fps or DEFAULT_FPS
+    if source.audio is None:
+        raise InputError(
+            f"{shown(args.input)}: holds no audio latents ({AUDIO_KEY!r}), and {shown(args.output)} holds the sound "
+            "alone; write an .mp4 or .safetensors for the video"
+        )
+    if rank != 0:
+        return Prepared(None, None, fps, 0, 0, 0, None)
+    checkpoint, sound_format = check_sound(args, options, source, None)
+    try:
+        output.check_free_space(args.output, output.least_bytes(args.output, 0, 0, 0, sound_format))
+        output.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    sound = decode_sound(args, options, source, checkpoint)
+    return Prepared(None, None, fps, 0, 0, 0, output.open_sink(args.output, 0, 0, 0, fps, sound=sound), sound)
+
+
+def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
+    """Where the audio VAE is: (source, revision, what --model is, for a message); source None when there is
+    none to be found. --audio-model if given; else --model itself for a hub repo id or a repo root (the audio
+    loader finds its FL2VA/audio_vae/ or audio_vae/), the audio_vae/ folder beside a video VAE folder
+    (FL2VA/video_vae/ -> FL2VA/audio_vae/, vae/ -> audio_vae/), and nothing for a single video VAE file."""
+    if args.audio_model is not None:
+        return args.audio_model, None, "--audio-model's"
+    path = Path(args.model).expanduser()
+    try:
+        exists = path.exists()
+    except OSError as error:  # a name too long for the filesystem, a folder that may not be searched
+        raise InputError(f"{shown(args.model)}: cannot look there ({error.strerror})") from None
+    if not exists:  # a hub repo id, at the same revision (the loader explains anything else)
+        return args.model, args.revision, "the hub repo's"
+    if path.is_file():
+        return None, None, "a single video VAE file"
+    if (path / "config.json").is_file():  # the video VAE's own folder
+        sibling = path.absolute().parent / "audio_vae"
+        if (sibling / "config.json").is_file():
+            return str(sibling), None, "the audio_vae/ folder beside --model's"
+        return None, None, "a video VAE folder with no audio_vae/ folder beside it"
+    return args.model, None, "the repo root's"
+
+
+def check_sound(args: argparse.Namespace, options, source, video: tuple[int, float] | None):
+    """Rank 0's checks of IN's audio latents, from headers alone: the audio VAE located (its tensor headers
+    read), OUT none of its files, its latent channels and sample rate against IN's, the audio's duration
+    against the video's (`video`: frames and fps; None for the sound alone), and the memory of its decode.
+    Returns (the audio checkpoint, the sound's output.SoundFormat)."""
+    from fractions import Fraction
+
+    from .audio.loading import DECODER_PREFIXES
+    from .audio.loading import load_checkpoint as load_audio_checkpoint
+    from .latents import AUDIO_RATE_KEY, check_durations
+    from .loading import CheckpointError
+    from .memory import audio_decode_bytes, check_bytes
+    from .runtime import GIB
+
+    name, shape = shown(args.input), source.audio.shape
+    leave_out = "leave the sound out with --no-audio"
+    where, revision, what = audio_source(args)
+    if where is None:
+        raise InputError(
+            f"{name}: holds audio latents {shape}, and --model {shown(args.model)} ({what}) has no audio VAE; give "
+            f"one with --audio-model SOURCE (a repo root, an audio_vae/ folder or ComfyUI's audio VAE file), or "
+            f"{leave_out}"
+        )
+    try:
+        checkpoint = load_audio_checkpoint(where, revision=revision)
+    except CheckpointError as error:
+        fix = "fix --audio-model" if args.audio_model is not None else "give one with --audio-model SOURCE"
+        raise InputError(
+            f"{name}: holds audio latents {shape}, and their audio VAE ({what}) cannot be loaded: {error}; {fix}, "
+            f"or {leave_out}"
+        ) from None
+    if any(output.same_file(args.output, path) for path in checkpoint_files(where, checkpoint)):
+        raise InputError(f"{shown(args.output)}: is a file of the audio checkpoint {shown(where)}; give another name")
+    config = checkpoint.config
+    if shape[1] != config.latent_channels:
+        raise InputError(
+            f"{name}: audio latents {shape} have {shape[1]} latent channels, the audio VAE {shown(where)} takes "
+            f"{config.latent_channels}: expected (2, {config.latent_channels}, N); or {leave_out}"
+        )
+    if source.audio.sample_rate not in (None, config.sample_rate):
+        raise InputError(
+            f"{name}: audio latents for {source.audio.sample_rate} Hz sound (metadata {AUDIO_RATE_KEY}), the audio "
+            f"VAE {shown(where)} decodes to {config.sample_rate} Hz; give the matching one with --audio-model, or "
+            f"{leave_out}"
+        )
+    latents = shape[2]
+    if video is not None:
+        try:
+            check_durations(*video, latents, Fraction(config.sample_rate, config.hop_length))
+        except ValueError as error:
+            raise InputError(f"{name}: {error}; give the clip's --fps, or {leave_out}") from None
+    weights = 4 * sum(math.prod(s) for key, s in checkpoint.shapes.items() if key.startswith(DECODER_PREFIXES))
+    host, device_bytes = audio_decode_bytes(config, weights, shape[0], latents, options.device.type)
+    cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)  # --max-gpu-memory
+    try:
+        check_bytes(host, device_bytes, options.device, f"decoding audio latents {shape}", cap)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    return checkpoint, output.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
+
+
+def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> output.Soundtrack:
+    """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
+    fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
+    video decoder is built. InputError for unreadable latents or weights, WriteError for NaN in the sound."""
+    import torch
+
+    from .audio.decoder import H3AudioDecoder
+    from .latents import read_audio_latents
+    from .loading import CheckpointError
+
+    start = time.perf_counter()
+    try:
+        audio_latents = read_audio_latents(source)
+        decoder = H3AudioDecoder.from_checkpoint(checkpoint, device=options.device, fused=False if args.eager else None)
+    except (CheckpointError, ValueError) as error:
+        raise InputError(str(error)) from None
+    samples = decoder.decode(audio_latents)
+    if not torch.isfinite(samples).all():
+        raise WriteError(
+            f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
+            "nothing was written"
+        )
+    sound = output.Soundtrack(samples.cpu(), decoder.sample_rate)
+    del decoder, samples
+    if options.device.type == "cuda":
+        torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory
+    channels, length = sound.samples.shape
+    say(
+        f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
+        f"Hz ({length / sound.sample_rate:.3f} s) in {time.perf_counter() - start:.1f} s"
+    )
+    return sound
 
 
 def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, watchdog=None) -> None:
@@ -422,6 +601,17 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     from tqdm import tqdm
 
     decoder, z, sink = prepared.decoder, prepared.z, prepared.sink
+    if decoder is None:  # OUT holds the sound alone, decoded while preparing: rank 0 writes it
+        error = None
+        try:
+            if sink is not None:
+                sink.commit()
+        except Exception as failure:
+            error = failure
+        agree(error, ranks)
+        if sink is not None:
+            say(f"wrote {shown(args.output)}: {prepared.sound.format.seconds:.3f} s of sound")
+        return
     device = decoder.device
     output_rank = 0 if ranks > 1 else None  # rank 0 writes the file: the others need not receive the frames
     if rank != 0:
@@ -489,9 +679,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
+    sound = f" with {prepared.sound.format.seconds:.3f} s of sound" if prepared.sound is not None else ""
     say(
-        f"wrote {shown(args.output)}: {frames} frames in {seconds:.1f} s ({frames / seconds:.2f} frames/s; first chunk "
-        f"after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
+        f"wrote {shown(args.output)}: {frames} frames{sound} in {seconds:.1f} s ({frames / seconds:.2f} frames/s; "
+        f"first chunk after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
     )
 
 

@@ -1,6 +1,7 @@
-"""The decoder's input: checking latents, undoing the pipeline's per-channel normalisation, and the latents
-file of the command line (written by `save_latents`; read by `load_latents`, and by the command through
-`read_latents_header` and `read_latents`)."""
+"""The decoders' input: checking latents, undoing the pipeline's per-channel normalisation, the durations rule
+between a clip's video and audio latents, and the latents file of the command line (written by `save_latents`;
+read by `load_latents`, and by the command through `read_latents_header`, `read_latents` and
+`read_audio_latents`)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,31 @@ import numbers
 import os
 import stat
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from . import output
+from .audio.config import H3AudioDecoderConfig
 from .config import H3DecoderConfig
 from .reader import NotSafetensors, read_header, read_tensor
-from .text import parse_number, shown
+from .text import parse_number, parse_whole, shown
+from .tiling import plan_chunks
 
 # The largest magnitude taken in latents, normalised or not: H3 latents are about N(0, 1) normalised and within
 # a few times that denormalised; far larger values overflow the decoder's norms into NaN frames.
 LATENT_LIMIT = 1e4
 # Floating-point dtypes the decoder computes from (it upcasts to float32); float8 and complex are refused.
 LATENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# H3's audio latents as its pipeline makes them: (2, 32, N), the two stereo channels (each decoded as one batch
+# item of the mono audio VAE), 32 latent channels, N latents at 40 per second (800 samples each at 32 kHz).
+# A latents file holds them under AUDIO_KEY, with the sample rate they decode to in its metadata.
+RELEASED_AUDIO = H3AudioDecoderConfig()
+STEREO = 2
+AUDIO_KEY = "audio_latents"
+AUDIO_RATE_KEY = "audio_sample_rate"
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -60,6 +71,67 @@ def check_latents(z: torch.Tensor, channels: int | None) -> None:
             f"latents hold values up to {z.abs().max().item():.3g}, beyond +-{LATENT_LIMIT:g}: not H3 latents "
             "(normalised ones are about N(0, 1), denormalised ones a few times that); the decoder would return NaN"
         )
+
+
+def check_audio_latents(z: torch.Tensor, channels: int | None) -> None:
+    """Raise ValueError naming the problem for audio latents the audio decoder cannot take.
+
+    z: (C, channels, N), C stereo channels (2 in H3), N >= 1 latents (40 per second), float32/float16/bfloat16/
+    float64, on a device that holds data, finite and within +-LATENT_LIMIT; `channels`: the decoder's latent
+    channels, or None to leave them unchecked.
+    """
+    channels_shown = channels or RELEASED_AUDIO.latent_channels
+    layout = f"(2, {channels_shown}, N): the stereo channels, {channels_shown} latent channels, N latents"
+    if not isinstance(z, torch.Tensor):
+        raise ValueError(f"audio latents must be a torch.Tensor, got {type(z).__name__}")
+    if z.ndim != 3 or (channels is not None and z.shape[1] != channels):
+        raise ValueError(f"audio latents must be {layout}; got shape {tuple(z.shape)}{swapped_audio_axes(z.shape)}")
+    if min(z.shape) == 0:
+        raise ValueError(f"audio latents are empty: shape {tuple(z.shape)}")
+    check_dtype(z.dtype)
+    if z.is_meta:
+        raise ValueError(
+            "audio latents are on the meta device and hold no values; move real latents to 'cpu' or 'cuda'"
+        )
+    if not (z.abs() <= LATENT_LIMIT).all():  # one pass: NaN compares False, Inf is above the limit
+        if not torch.isfinite(z).all():
+            raise ValueError("audio latents contain NaN or Inf")
+        raise ValueError(
+            f"audio latents hold values up to {z.abs().max().item():.3g}, beyond +-{LATENT_LIMIT:g}: not H3 audio "
+            "latents (normalised ones are about N(0, 1))"
+        )
+
+
+def swapped_audio_axes(shape: tuple[int, ...]) -> str:
+    """A hint for audio latents stored as ComfyUI holds them, (B, 32, 2, N) or (32, 2, N)."""
+    if tuple(shape[-3:-1]) == (RELEASED_AUDIO.latent_channels, STEREO) and len(shape) in (3, 4):
+        take = "[0]" if len(shape) == 4 else ""
+        return (
+            f"; this looks like ComfyUI's audio layout (B, {RELEASED_AUDIO.latent_channels}, 2, N): pass "
+            f"latents{take}.transpose(0, 1)"
+        )
+    return ""
+
+
+def check_durations(frames: int, fps: float, audio_latents: int, latents_per_second: Fraction) -> None:
+    """ValueError unless `audio_latents` audio latents go with `frames` video frames at `fps`, as the release
+    pairs them: H3's pipeline makes round(frames / fps * latents_per_second) audio latents for a clip of
+    `frames` frames, so the audio may differ from the video by at most half a latent (12.5 ms at 40 per second;
+    at 24 fps it is never more than a third). Exact arithmetic: a rate on the boundary passes."""
+    rate = Fraction(fps)
+    video = Fraction(frames) / rate
+    audio = Fraction(audio_latents) / latents_per_second
+    if 2 * abs(audio - video) * latents_per_second <= 1:
+        return
+    expected = round(video * latents_per_second)
+    matching = Fraction(frames) * latents_per_second / audio_latents
+    raise ValueError(
+        f"the audio lasts {float(audio):.4g} s ({audio_latents} latents at {float(latents_per_second):g} per second) "
+        f"and the video {float(video):.4g} s ({frames} frames at {fps:g} fps): not one clip; {frames} frames at "
+        f"{fps:g} fps go with {expected} audio latents (the nearest whole number; audio and video of one clip "
+        f"differ by at most half a latent), and {audio_latents} audio latents with {frames} frames at "
+        f"{float(matching):.6g} fps"
+    )
 
 
 def swapped_axes(shape: tuple[int, ...], channels: int) -> str:
@@ -104,16 +176,26 @@ def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tenso
     return out
 
 
-def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | None = None) -> Path:
+def save_latents(
+    path: str | os.PathLike, latents: torch.Tensor, fps: float | None = None, audio_latents: torch.Tensor | None = None
+) -> Path:
     """Write a pipeline's normalised latents where `minimax-h3-decode` reads them: a `.safetensors` file with the
     tensor `latents` ((24, T, h, w) or (1, 24, T, h, w), saved float32 on the CPU) and `fps` (any real number
-    the command takes: 0.01 to 1000) in its metadata. An existing file is replaced only by the complete new
-    one, and keeps its permission bits; a new one gets those of a new file. Returns the path written."""
+    the command takes: 0.01 to 1000) in its metadata.
+
+    audio_latents: the clip's normalised audio latents exactly as H3's pipeline makes them, (2, 32, N) (the two
+    stereo channels, left then right; 32 latent channels; N latents at 40 per second), saved float32 under
+    `audio_latents`, with `audio_sample_rate` (32000) in the metadata. Their duration must be the video's
+    (docs/audio.md, "Latents files"): N = round(F / fps * 40) for the F frames of T latents at `fps` (24 when
+    None), as the release makes them. Any other layout is a ValueError naming the expected shape.
+
+    An existing file is replaced only by the complete new one, and keeps its permission bits; a new one gets
+    those of a new file. Returns the path written."""
     shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else None
     if shape is None or len(shape) not in (4, 5) or (len(shape) == 5 and shape[0] != 1):
         raise ValueError(f"save_latents writes one video, (C, T, h, w) or (1, C, T, h, w); got shape {shape}")
     check_latents(latents.reshape(1, *shape[-4:]), channels=None)
-    metadata = None
+    metadata = {}
     if fps is not None:
         if not isinstance(fps, numbers.Real) or isinstance(fps, bool):  # numpy's scalars are Real too
             raise ValueError(f"fps must be a number (a frame rate), got {type(fps).__name__} {str(fps)[:20]}")
@@ -122,7 +204,11 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
         except OverflowError:  # an int too large for a float
             value = float("inf")
         output.check_fps(value, "fps")
-        metadata = {"fps": repr(value)}
+        metadata["fps"] = repr(value)
+    tensors = {"latents": latents.detach().float().cpu().contiguous()}
+    if audio_latents is not None:
+        tensors[AUDIO_KEY] = _checked_audio(audio_latents, shape[-3], float(metadata.get("fps", output.DEFAULT_FPS)))
+        metadata[AUDIO_RATE_KEY] = str(RELEASED_AUDIO.sample_rate)
     path = output.resolve_output(Path(os.fspath(path)))  # a symbolic link is written through
     if path.is_dir():
         raise ValueError(f"{shown(path)}: is a folder; give a file name")
@@ -134,7 +220,7 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
         mode = 0o666 & ~umask  # what open() gives a new file (the library writes its files 0600)
     temp = output.create_temp(path)
     try:
-        save_file({"latents": latents.detach().float().cpu().contiguous()}, str(temp), metadata=metadata)
+        save_file(tensors, str(temp), metadata=metadata or None)
         os.chmod(temp, mode)
         os.replace(temp, path)
     finally:
@@ -142,18 +228,45 @@ def save_latents(path: str | os.PathLike, latents: torch.Tensor, fps: float | No
     return path
 
 
-def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, float | None]:
+def _checked_audio(audio_latents: torch.Tensor, video_latents: int, fps: float) -> torch.Tensor:
+    """save_latents' audio latents, float32 on the CPU, after the checks its docstring names."""
+    expected = (STEREO, RELEASED_AUDIO.latent_channels)
+    shape = tuple(audio_latents.shape) if isinstance(audio_latents, torch.Tensor) else None
+    if shape is None or len(shape) != 3 or shape[:2] != expected:
+        hint = swapped_audio_axes(shape) if shape is not None else ""
+        raise ValueError(
+            f"audio_latents must be (2, {expected[1]}, N) as H3's pipeline makes them (the two stereo channels, "
+            f"{expected[1]} latent channels, N latents at 40 per second); got "
+            f"{'shape ' + str(shape) if shape is not None else type(audio_latents).__name__}{hint}"
+        )
+    check_audio_latents(audio_latents, expected[1])
+    frames = plan_chunks(video_latents, H3DecoderConfig()).out_frames
+    check_durations(frames, fps, shape[2], Fraction(RELEASED_AUDIO.sample_rate, RELEASED_AUDIO.hop_length))
+    return audio_latents.detach().float().cpu().contiguous()
+
+
+def load_latents(path: str | os.PathLike) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
     """The latents of a file the command reads (`save_latents`'s, a ComfyUI `.latent`, a file with one
     tensor): (latents (1, C, T, h, w) float32 as stored, normalised unless they were saved raw; the `fps` of
-    its metadata, or None). ValueError naming the problem, as the command reports it."""
+    its metadata, or None; the audio latents (2, 32, N) float32 as stored, normalised, or None when the file
+    holds none). ValueError naming the problem, as the command reports it."""
     source = read_latents_header(Path(os.fspath(path)))
-    return read_latents(source), source.fps
+    audio = read_audio_latents(source) if source.audio is not None else None
+    return read_latents(source), source.fps, audio
 
 
 # ComfyUI's SaveLatent writes `.latent` files: the LATENT's samples under this key (H3's normalised latents,
 # as ComfyUI holds them), beside an empty marker tensor for its format version.
 COMFYUI_KEY = "latent_tensor"
 COMFYUI_VERSION_KEY = "latent_format_version_0"
+
+
+@dataclass(frozen=True)
+class AudioEntry:
+    """What the header of a latents file says of its audio latents."""
+
+    shape: tuple[int, ...]  # (2, C, N)
+    sample_rate: int | None  # the metadata's audio_sample_rate: what they decode to, in Hz
 
 
 @dataclass(frozen=True)
@@ -164,6 +277,7 @@ class LatentsFile:
     key: str
     shape: tuple[int, ...]  # (C, T, h, w)
     fps: float | None
+    audio: AudioEntry | None = None  # the audio latents (key AUDIO_KEY), when they were asked for and are there
 
 
 def check_latents_path(path: Path) -> None:
@@ -180,10 +294,11 @@ def check_latents_path(path: Path) -> None:
         raise ValueError(f"{shown(path)}: is not a regular file (a FIFO, socket or device); give a .safetensors file")
 
 
-def read_latents_header(path: Path) -> LatentsFile:
+def read_latents_header(path: Path, audio: bool = True) -> LatentsFile:
     """The latents' tensor name (`latents`; `latent_tensor` of a ComfyUI `.latent` file; or the file's only
-    tensor), shape and fps metadata, from the header alone; ValueError naming the problem if the decoder
-    cannot take them. The file's other tensors are not looked at beyond their header entries."""
+    tensor besides the audio latents), shape and fps metadata, and with `audio` the audio latents' entry
+    (`audio_latents`, if any), from the header alone; ValueError naming the problem if the decoders cannot take
+    them. The file's other tensors are not looked at beyond their header entries."""
     check_latents_path(path)
     name = shown(path)
     try:
@@ -194,7 +309,7 @@ def read_latents_header(path: Path) -> LatentsFile:
         raise ValueError(f"{name}: {error}; give a latents .safetensors file") from None
     except ValueError as error:
         raise ValueError(f"{name}: not a readable .safetensors file ({error})") from None
-    keys = [key for key in header.tensors if key != COMFYUI_VERSION_KEY]
+    keys = [key for key in header.tensors if key not in (COMFYUI_VERSION_KEY, AUDIO_KEY)]
     if "latents" in keys:
         key = "latents"
     elif COMFYUI_KEY in keys:
@@ -238,7 +353,42 @@ def read_latents_header(path: Path) -> LatentsFile:
                 f"{name}: metadata fps={header.metadata['fps']!r} is not a positive number written in digits; "
                 "fix it or pass --fps"
             )
-    return LatentsFile(path, key, shape, fps)
+    entry = _audio_entry(name, header) if audio and AUDIO_KEY in header.tensors else None
+    return LatentsFile(path, key, shape, fps, entry)
+
+
+def _audio_entry(name: str, header) -> AudioEntry:
+    """The header's `audio_latents` entry and `audio_sample_rate`, checked as far as a header tells."""
+    entry = header.tensors[AUDIO_KEY]
+    shape = tuple(entry.shape)
+    if len(shape) != 3 or shape[0] != STEREO:
+        raise ValueError(
+            f"{name}: {AUDIO_KEY} must be (2, {RELEASED_AUDIO.latent_channels}, N) as H3's pipeline makes them (the "
+            f"two stereo channels, the latent channels, N latents), got {shape}{swapped_audio_axes(shape)}; pass "
+            "--no-audio to decode the video alone"
+        )
+    if min(shape) == 0:
+        raise ValueError(f"{name}: {AUDIO_KEY} are empty: shape {shape}; pass --no-audio to decode the video alone")
+    dtype = entry.torch_dtype
+    try:
+        if dtype is None:
+            raise ValueError(f"audio latents must be floating point, got {entry.dtype}")
+        check_dtype(dtype)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error} (tensor {AUDIO_KEY!r})") from None
+    rate = None
+    if AUDIO_RATE_KEY in header.metadata:
+        try:
+            rate = parse_whole(header.metadata[AUDIO_RATE_KEY])
+        except ValueError:
+            rate = None
+        if rate is None or not 1 <= rate <= 10**6:
+            raise ValueError(
+                f"{name}: metadata {AUDIO_RATE_KEY}={header.metadata[AUDIO_RATE_KEY]!r} is not a sample rate in Hz "
+                f"(a whole number from 1 to 1000000, {RELEASED_AUDIO.sample_rate} for H3); fix it, or pass "
+                "--no-audio to decode the video alone"
+            )
+    return AudioEntry(shape, rate)
 
 
 def read_latents(source: LatentsFile) -> torch.Tensor:
@@ -260,3 +410,23 @@ def read_latents(source: LatentsFile) -> torch.Tensor:
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
     return latents.float()
+
+
+def read_audio_latents(source: LatentsFile) -> torch.Tensor:
+    """The audio latents (2, C, N) as float32; ValueError for an unreadable file, NaN or Inf. Only their own bytes
+    are read (the header read again: the file may have changed since)."""
+    name = shown(source.path)
+    try:
+        header = read_header(source.path)
+        entry = header.tensors.get(AUDIO_KEY)
+        if entry is None or entry.torch_dtype is None or tuple(entry.shape) != source.audio.shape:
+            raise ValueError("it changed since its header was read")
+        audio = read_tensor(source.path, header, AUDIO_KEY)
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise ValueError(f"{name}: not a readable .safetensors file ({reason})") from None
+    try:
+        check_audio_latents(audio, channels=None)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}; pass --no-audio to decode the video alone") from None
+    return audio.float()

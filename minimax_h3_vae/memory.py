@@ -296,18 +296,43 @@ def _stat(path: Path, name: str) -> int:
 def check_fits(memory: MemoryPlan, device: torch.device, what: str, cap: int | None = None) -> None:
     """ValueError naming the size and the limit when the plan does not fit in host memory or on the device
     (its free memory, or `cap` bytes, the user's max_gpu_memory, if smaller)."""
-    on_device = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    if cap is not None and on_device is not None:
-        on_device = min(on_device, cap)
+    check_bytes(memory.host, memory.device, device, what, cap)
+
+
+def check_bytes(host: int, on_device: int, device: torch.device, what: str, cap: int | None = None) -> None:
+    """check_fits for `host` bytes of host memory and `on_device` bytes on a CUDA `device`."""
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    if cap is not None and free is not None:
+        free = min(free, cap)
     for need, have, where in (
-        (memory.host, available_host(), "host memory"),
-        (memory.device, on_device, f"memory on {device}"),
+        (host, available_host(), "host memory"),
+        (on_device, free, f"memory on {device}"),
     ):
         if have is not None and need > have:
             raise ValueError(
                 f"{what} needs about {format_size(need)} of {where}, {format_size(have)} is available; "
                 "decode a shorter clip or smaller frames, or use a larger machine"
             )
+
+
+# The audio decode's peak working memory, in bytes per value of its largest intermediate (a stage's output,
+# every stereo channel): the anti-aliased activations' upsampled copies, the AMP blocks' sums and the convs'
+# buffers. Measured about 46 (float32 on the CPU, the example's audio VAE, 100 s of sound; peak RSS) and about
+# 40 at the released size on the H200 (1.04 GiB for a 10 s clip, issue 32); counted with a margin.
+AUDIO_WORK_PER_VALUE = 64 * F32
+
+
+def audio_decode_bytes(config, weights: int, channels: int, latents: int, device_type: str) -> tuple[int, int]:
+    """(host bytes, device bytes) of decoding `channels` x `latents` audio latents with the audio decoder of
+    `config` (an H3AudioDecoderConfig) and `weights` bytes of float32 weights: the weights, the working memory
+    (AUDIO_WORK_PER_VALUE) and the float32 waveform; on the CPU all of it is host memory."""
+    length, largest = latents, max(config.latent_dim, config.decoder_dim) * latents
+    for stage, rate in enumerate(config.upsample_rates):
+        length *= rate
+        largest = max(largest, config.stage_channels(stage) * length)
+    waveform = channels * length * F32
+    work = weights + channels * largest * AUDIO_WORK_PER_VALUE + waveform
+    return (work + waveform, 0) if device_type == "cpu" else (waveform, work)
 
 
 def format_size(count: int) -> str:

@@ -110,7 +110,8 @@ def test_example_to_mp4_subprocess(tmp_path, example_frames):
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
     assert "latents (24, 12, 16, 20) -> 39 frames of 320x256 at 24 fps" in result.stderr
     assert re.search(
-        r"^wrote .*video\.mp4: 39 frames in \d+\.\d s \(\d+\.\d\d frames/s; first chunk after \d+\.\d s, "
+        r"^wrote .*video\.mp4: 39 frames with 1\.625 s of sound in \d+\.\d s \(\d+\.\d\d frames/s; first chunk after "
+        r"\d+\.\d s, "
         r"one-time kernel set-up included\)$",
         result.stderr,
         re.M,
@@ -168,7 +169,7 @@ def test_example_to_safetensors(cli, capsys, tmp_path, example_frames):
     code, err = run_cli(cli, capsys, EXAMPLE_LATENTS, out, "--model", TINY)
     assert code == 0, err
     video = load_file(str(out))
-    assert list(video) == ["video"]
+    assert list(video) == ["audio", "video"]  # the example carries sound (tests/test_sound_output.py)
     assert video["video"].dtype == torch.uint8
     assert video["video"].shape == (39, 256, 320, 3)
     assert torch.equal(video["video"], example_frames)

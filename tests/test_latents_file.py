@@ -116,8 +116,8 @@ def test_comfyui_latent_with_its_marker_reads_as_saved(tmp_path):
     z = latents(3)[None]
     path = tmp_path / "new.latent"
     save_file({"latent_tensor": z, "latent_format_version_0": torch.tensor([])}, str(path))
-    got, fps = load_latents(path)
-    assert torch.equal(got, z) and fps is None
+    got, fps, audio = load_latents(path)
+    assert torch.equal(got, z) and fps is None and audio is None
 
 
 # ---- row 21: save_latents keeps the mode, takes real numbers, refuses what the command refuses ----------------
@@ -162,8 +162,8 @@ def test_load_latents_is_public_and_reads_what_save_latents_wrote(tmp_path):
 
     assert "load_latents" in minimax_h3_vae.__all__
     z = latents(8).to(torch.bfloat16)
-    got, fps = load_latents(save_latents(tmp_path / "z.safetensors", z[None], fps=12.5))
-    assert got.dtype == torch.float32 and torch.equal(got, z.float()[None]) and fps == 12.5
+    got, fps, audio = load_latents(save_latents(tmp_path / "z.safetensors", z[None], fps=12.5))
+    assert got.dtype == torch.float32 and torch.equal(got, z.float()[None]) and fps == 12.5 and audio is None
     with pytest.raises(ValueError, match="no such file"):
         load_latents(tmp_path / "missing.safetensors")
 

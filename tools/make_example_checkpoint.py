@@ -1,4 +1,4 @@
-"""Regenerate examples/: a tiny random-weight checkpoint in the original release layout, and latents.
+"""Regenerate examples/: a tiny random-weight checkpoint in the original release layout, and latents with sound.
 
     python tools/make_example_checkpoint.py [--out examples]
 
@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minimax_h3_vae import H3AudioDecoderConfig, H3DecoderConfig, H3VideoDecoder, Tiling  # noqa: E402
+from minimax_h3_vae import H3AudioDecoderConfig, H3DecoderConfig, H3VideoDecoder, Tiling, save_latents  # noqa: E402
 from minimax_h3_vae.audio.model import AudioDecoder, kaiser_sinc_filter  # noqa: E402
 
 TINY = H3DecoderConfig(num_layers=2, num_heads=2)
@@ -177,10 +177,12 @@ def write_audio_checkpoint(folder: Path, config: H3AudioDecoderConfig, seed: int
 
 
 def write_latents(path: Path, seed: int) -> None:
-    """Normalised latents for 12 latent frames (39 pixel frames, two temporal chunks) of 320x256 px (2 tiles)."""
-    generator = torch.Generator().manual_seed(seed)
-    latents = torch.randn(24, 12, 16, 20, generator=generator)
-    save_file({"latents": latents}, str(path), metadata={"fps": "24"})
+    """Normalised latents for 12 latent frames (39 pixel frames at 24 fps, two temporal chunks) of 320x256 px (2
+    tiles), and the audio latents of the same 1.625 s: (2, 32, 65), 65 = round(39 / 24 * 40), as H3's pipeline
+    pairs them (52,000 samples per channel at 32 kHz)."""
+    latents = torch.randn(24, 12, 16, 20, generator=torch.Generator().manual_seed(seed))
+    audio_latents = torch.randn(2, 32, 65, generator=torch.Generator().manual_seed(seed + 1))
+    save_latents(path, latents, fps=24, audio_latents=audio_latents)
 
 
 def main() -> None:
@@ -189,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     write_checkpoint(args.out / "tiny_h3_vae", TINY, SEED)
     write_audio_checkpoint(args.out / "tiny_h3_vae", TINY_AUDIO, AUDIO_SEED)
-    write_latents(args.out / "latents.safetensors", SEED + 1)
+    write_latents(args.out / "latents.safetensors", SEED + 1)  # the audio latents from SEED + 2
     print(f"wrote {args.out / 'tiny_h3_vae'} and {args.out / 'latents.safetensors'}")
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..latents import LATENT_LIMIT, check_dtype
+from ..latents import check_audio_latents
 from ..runtime import resolve_device, resolve_fused
 from .config import H3AudioDecoderConfig
 from .loading import DEFAULT_REPO, AudioCheckpoint, load_checkpoint, load_weights
@@ -115,30 +115,3 @@ class H3AudioDecoder(AudioDecoder):
                 "(bf16 decodes come out about 20 dB quieter); load it again"
             )
         return self(self.denormalize(audio_latents), self.ops()).squeeze(1)
-
-
-def check_audio_latents(z: torch.Tensor, channels: int) -> None:
-    """Raise ValueError naming the problem for audio latents the decoder cannot take.
-
-    z: (C, channels, N), C stereo channels (2 in H3), N >= 1 latents (40 per second), float32/float16/bfloat16/
-    float64, on a device that holds data, finite and within +-LATENT_LIMIT.
-    """
-    layout = f"(2, {channels}, N): the stereo channels, {channels} latent channels, N latents"
-    if not isinstance(z, torch.Tensor):
-        raise ValueError(f"audio latents must be a torch.Tensor, got {type(z).__name__}")
-    if z.ndim != 3 or z.shape[1] != channels:
-        raise ValueError(f"audio latents must be {layout}; got shape {tuple(z.shape)}")
-    if min(z.shape) == 0:
-        raise ValueError(f"audio latents are empty: shape {tuple(z.shape)}")
-    check_dtype(z.dtype)
-    if z.is_meta:
-        raise ValueError(
-            "audio latents are on the meta device and hold no values; move real latents to 'cpu' or 'cuda'"
-        )
-    if not (z.abs() <= LATENT_LIMIT).all():  # one pass: NaN compares False, Inf is above the limit
-        if not torch.isfinite(z).all():
-            raise ValueError("audio latents contain NaN or Inf")
-        raise ValueError(
-            f"audio latents hold values up to {z.abs().max().item():.3g}, beyond +-{LATENT_LIMIT:g}: not H3 audio "
-            "latents (normalised ones are about N(0, 1))"
-        )

@@ -1,0 +1,490 @@
+"""The command with sound (issue 32, section 2): IN's audio latents decoded first, by the audio VAE found beside the
+video one, into an mp4 with an AAC track from one ffmpeg process, a .safetensors `audio` tensor, or a .wav / .flac
+alone; --no-audio; the duration check; and the faults of the new paths (nothing lost). ffmpeg reads every file
+back: streams, codec, rate, channels, durations, colour tags, samples."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from test_cli_faults import OLD, fill, one_error_line, tmpfs, tree
+
+from minimax_h3_vae import H3AudioDecoder, cli, output, save_latents
+from minimax_h3_vae.audio import loading as audio_loading
+from minimax_h3_vae.latents import read_latents_header
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny_h3_vae"
+EXAMPLE = REPO / "examples" / "latents.safetensors"
+
+
+@pytest.fixture(autouse=True)
+def offline(no_network, monkeypatch):
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+
+
+def clip(tmp_path: Path, audio_latents: int = 15, name: str = "z.safetensors", **kwargs) -> Path:
+    """9 frames (3 latents) of 32x32 px at 24 fps and the 15 audio latents of the same 0.375 s (12,000 samples)."""
+    z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    audio = torch.randn(2, 32, audio_latents, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / name
+    if audio_latents == 15 and not kwargs:
+        return save_latents(path, z, fps=24, audio_latents=audio)
+    save_file({"latents": z, "audio_latents": audio}, str(path), metadata=kwargs.get("metadata"))
+    return path
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    capsys.readouterr()
+    args = [str(a) for a in args]
+    args += [] if "--model" in args else ["--model", str(TINY)]
+    code = cli.main([*args, "--device", "cpu"])
+    return code, capsys.readouterr().err
+
+
+def expected_sound(path: Path) -> torch.Tensor:
+    """The tiny audio VAE's own decode of the file's audio latents, through the API."""
+    with safe_open(str(path), "pt") as handle:
+        audio = handle.get_tensor("audio_latents")
+    return H3AudioDecoder.from_pretrained(TINY, device="cpu", fused=False).decode(audio)
+
+
+def ffmpeg(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([output.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
+
+
+def streams(path: Path) -> list[str]:
+    """The `Stream #0:N` lines of `ffmpeg -v verbose -i`."""
+    return [
+        line.strip()
+        for line in ffmpeg("-v", "verbose", "-i", str(path)).stderr.decode().splitlines()
+        if line.strip().startswith("Stream #0:")
+    ]
+
+
+def stream_seconds(path: Path, stream: str) -> float:
+    """Where the last packet of `stream` ends, in seconds, from ffmpeg's framecrc (pts + duration, time base)."""
+    lines = ffmpeg("-v", "error", "-i", str(path), "-map", stream, "-c", "copy", "-f", "framecrc", "-").stdout
+    lines = lines.decode().splitlines()
+    num, den = next(line for line in lines if line.startswith("#tb 0:")).split(":")[1].strip().split("/")
+    last = [line for line in lines if line and not line.startswith("#")][-1].split(",")
+    return (int(last[2]) + int(last[3])) * int(num) / int(den)
+
+
+def samples_of(path: Path) -> torch.Tensor:
+    """The file's sound as ffmpeg decodes it, float32 (channels, samples)."""
+    result = ffmpeg("-v", "error", "-i", str(path), "-map", "0:a:0", "-f", "f32le", "-")
+    assert result.returncode == 0, result.stderr
+    return torch.from_numpy(np.frombuffer(result.stdout, np.float32).copy()).view(-1, 2).T
+
+
+# ---- what each OUT holds ----------------------------------------------------------------------------------------
+
+
+def test_the_readme_first_command_writes_an_mp4_with_sound(tmp_path, capsys):
+    """The shipped example (39 frames at 24 fps, 65 audio latents) through the README's command: one H.264 stream
+    tagged bt709 and one AAC stream, 32 kHz stereo; both last 1.625 s, within one AAC frame."""
+    header = read_latents_header(EXAMPLE)
+    assert header.audio.shape == (2, 32, 65) and header.audio.sample_rate == 32000 and header.fps == 24
+    out = tmp_path / "example.mp4"
+    code, err = run(capsys, EXAMPLE, out)
+    assert code == 0, err
+    video, audio = streams(out)
+    assert "Video: h264" in video and "yuv420p(tv, bt709, progressive, left)" in video and "24 fps" in video
+    assert "Audio: aac (LC)" in audio and "32000 Hz, stereo" in audio
+    assert stream_seconds(out, "0:v:0") == pytest.approx(39 / 24)
+    assert abs(stream_seconds(out, "0:a:0") - 39 / 24) < 1024 / 32000
+    assert output.count_audio_samples(out) == 65 * 800
+    assert "39 frames with 1.625 s of sound" in err
+    assert tree(tmp_path) == {"example.mp4"}
+
+
+def test_the_tool_writes_the_committed_example(tmp_path):
+    """tools/make_example_checkpoint.py makes exactly the committed examples/latents.safetensors."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_example", REPO / "tools" / "make_example_checkpoint.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.write_latents(tmp_path / "latents.safetensors", tool.SEED + 1)
+    assert (tmp_path / "latents.safetensors").read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_the_mp4_sound_is_the_decoders(tmp_path, capsys):
+    """The AAC track decodes to the audio VAE's waveform within the codec's error, in time and in channel order:
+    192 kb/s AAC on this noise-like sound is 0.13 off in relative L2 norm, the same off by one AAC frame (the
+    encoder's priming left in) 0.84, the channels swapped 0.77; every sample is there."""
+    source = clip(tmp_path)
+    out = tmp_path / "v.mp4"
+    assert run(capsys, source, out)[0] == 0
+    want, got = expected_sound(source), samples_of(out)
+    assert got.shape == want.shape == (2, 12000)
+    assert (got - want).norm() / want.norm() < 0.3
+    assert (got - want.flip(0)).norm() > (got - want).norm()  # left is left
+
+
+@pytest.mark.parametrize("crf", ["0", "17"])
+def test_one_ffmpeg_writes_both_streams(tmp_path, capsys, monkeypatch, crf):
+    """One ffmpeg process per mp4 (besides the checks that read a file or one test frame), given the sound as its
+    second input: no second pass over the video. Lossless RGB (--crf 0) gets the same AAC track."""
+    real, encoders = subprocess.Popen, []
+
+    def popen(command, *args, **kwargs):
+        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+            encoders.append(command)
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    out = tmp_path / "v.mp4"
+    assert run(capsys, clip(tmp_path), out, "--crf", crf)[0] == 0
+    assert len(encoders) == 1 and encoders[0].count("-i") == 2 and "-an" not in encoders[0]
+    assert [line.split(":")[2].split()[0] for line in streams(out)] == ["Video", "Audio"]
+
+
+def test_safetensors_holds_the_sound(tmp_path, capsys):
+    """`audio`: the decoded float32 waveform (2, samples), bit for bit the API's; `audio_sample_rate` in the
+    metadata; `video` the same frames as without sound."""
+    source = clip(tmp_path)
+    with_sound, without = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    assert run(capsys, source, with_sound)[0] == 0
+    assert run(capsys, source, without, "--no-audio")[0] == 0
+    got = load_file(str(with_sound))
+    assert got["audio"].dtype == torch.float32 and torch.equal(got["audio"], expected_sound(source))
+    assert torch.equal(got["video"], load_file(str(without))["video"]) and set(load_file(str(without))) == {"video"}
+    with safe_open(str(with_sound), "pt") as handle:
+        assert handle.metadata() == {"audio_sample_rate": "32000"}
+
+
+def test_wav_is_the_sound_alone_exactly(tmp_path, capsys, monkeypatch):
+    """A .wav OUT: 32-bit float PCM, the decoder's samples exactly; the video checkpoint is not opened and the
+    video latents are not read."""
+    from minimax_h3_vae import latents, loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the video was touched")
+
+    monkeypatch.setattr(loading, "load_checkpoint", refuse)
+    monkeypatch.setattr(latents, "read_latents", refuse)
+    source, out = clip(tmp_path), tmp_path / "s.wav"
+    code, err = run(capsys, source, out)
+    assert code == 0, err
+    (audio,) = streams(out)
+    assert "pcm_f32le" in audio and "32000 Hz, stereo" in audio
+    assert torch.equal(samples_of(out), expected_sound(source))
+    assert out.stat().st_size == 58 + 2 * 12000 * 4 and "0.375 s of sound" in err
+
+
+def test_flac_is_the_sound_in_24_bits(tmp_path, capsys):
+    """A .flac OUT: lossless 24-bit FLAC, each sample the decoded one rounded to 24 bits: within 2^-24, and 2^-23 at
+    +1.0 (the clamp's value, which 24 bits cannot hold; this waveform reaches it)."""
+    source, out = clip(tmp_path), tmp_path / "s.flac"
+    assert run(capsys, source, out)[0] == 0
+    (audio,) = streams(out)
+    assert "flac" in audio and "32000 Hz, stereo" in audio and "24 bit" in audio
+    want, got = expected_sound(source), samples_of(out)
+    error, top = (got - want).abs(), want == 1
+    assert got.shape == want.shape and error[~top].max() <= 2.0**-24 and error[top].max() == 2.0**-23
+    assert error.max() > 0  # rounded, so not float32 any more
+
+
+def test_no_audio_leaves_the_sound_out_and_its_model_alone(tmp_path, capsys, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the audio VAE was loaded")
+
+    monkeypatch.setattr(audio_loading, "load_checkpoint", refuse)
+    out = tmp_path / "v.mp4"
+    assert run(capsys, clip(tmp_path, audio_latents=99), out, "--no-audio")[0] == 0  # not even checked
+    assert [line.split(":")[2].split()[0] for line in streams(out)] == ["Video"]
+
+
+# ---- where the audio VAE comes from ------------------------------------------------------------------------------
+
+
+def test_the_audio_vae_beside_a_video_vae_folder(tmp_path, capsys):
+    """--model .../video_vae: the audio_vae/ folder beside it is the audio VAE."""
+    out = tmp_path / "a.safetensors"
+    source = clip(tmp_path)
+    assert run(capsys, source, out, "--model", TINY / "video_vae")[0] == 0
+    assert torch.equal(load_file(str(out))["audio"], expected_sound(source))
+
+
+@pytest.mark.parametrize("where", ["comfyui", "lonely folder", "root without audio"])
+def test_no_audio_vae_found_is_bad_input_before_decoding(tmp_path, capsys, monkeypatch, oracle_vae, where):
+    """A ComfyUI video file, a video VAE folder with nothing beside it, a repo root holding only the video VAE:
+    one error line naming --audio-model and --no-audio, exit 2, before any weight is read; then --audio-model
+    makes it work."""
+    from checkpoints import write_comfyui
+
+    from minimax_h3_vae import loading
+
+    if where == "comfyui":
+        model = write_comfyui(tmp_path / "minimax_h3_video_vae_fp16.safetensors", oracle_vae)
+    else:
+        shutil.copytree(TINY / "video_vae", tmp_path / "root" / "video_vae")
+        model = tmp_path / "root" / ("video_vae" if where == "lonely folder" else "")
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    real_tensors = loading.Checkpoint.tensors
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were read before the check")
+
+    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    code, err = run(capsys, clip(tmp_path), out, "--model", model)
+    line = one_error_line(err)
+    assert code == 2 and "--audio-model SOURCE" in line and "--no-audio" in line, line
+    if where != "root without audio":
+        assert "holds audio latents (2, 32, 15)" in line and "has no audio VAE" in line, line
+    assert out.read_bytes() == OLD
+    monkeypatch.setattr(loading.Checkpoint, "tensors", real_tensors)
+    if where == "comfyui":
+        code, err = run(capsys, clip(tmp_path), out, "--model", model, "--audio-model", TINY / "audio_vae")
+        assert code == 0, err
+        assert [line.split(":")[2].split()[0] for line in streams(out)] == ["Video", "Audio"]
+
+
+def test_an_audio_vae_of_other_latent_channels_is_named(tmp_path, capsys, audio_layouts):
+    """The tests' oracle audio VAE takes 4 latent channels, not H3's 32: the message gives both."""
+    code, err = run(capsys, clip(tmp_path), tmp_path / "v.mp4", "--audio-model", audio_layouts["comfyui"])
+    line = one_error_line(err)
+    assert code == 2 and "have 32 latent channels" in line and "takes 4" in line and "(2, 4, N)" in line, line
+
+
+def test_a_sample_rate_other_than_the_audio_vaes_is_refused(tmp_path, capsys):
+    source = clip(tmp_path, metadata={"audio_sample_rate": "16000"})
+    code, err = run(capsys, source, tmp_path / "v.mp4")
+    line = one_error_line(err)
+    assert code == 2 and "16000 Hz" in line and "32000 Hz" in line and "--no-audio" in line, line
+
+
+# ---- the duration check ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "latents, flags, words",
+    [
+        (16, [], "9 frames at 24 fps go with 15 audio latents"),
+        (14, [], "the audio lasts 0.35 s (14 latents at 40 per second) and the video 0.375 s"),
+        (15, ["--fps", "12"], "and 15 audio latents with 9 frames at 24 fps"),
+    ],
+)
+def test_audio_and_video_of_different_durations_are_refused(tmp_path, capsys, monkeypatch, latents, flags, words):
+    """From the shapes and the frame rate alone: exit 2 before any weight is read, the rule and the fix in the
+    line, the old OUT untouched."""
+    from minimax_h3_vae import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were read before the check")
+
+    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(audio_loading.AudioCheckpoint, "tensors", refuse)
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path, audio_latents=latents), out, *flags)
+    line = one_error_line(err)
+    assert code == 2 and words in line and "--fps" in line and "--no-audio" in line, line
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+@pytest.mark.parametrize(
+    "name, flags, words",
+    [
+        ("s.wav", ["--no-audio"], "holds the sound alone, and --no-audio leaves it out"),
+        ("v.mp4", ["--no-audio", "--audio-model", "x"], "give one of them"),
+        ("s.flac", ["--crf", "3"], "the output is not an .mp4"),
+    ],
+)
+def test_contradicting_flags(tmp_path, capsys, name, flags, words):
+    code, err = run(capsys, clip(tmp_path), tmp_path / name, *flags)
+    assert code == 2 and words in one_error_line(err)
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_sound_alone_from_a_silent_file_is_refused(tmp_path, capsys):
+    source = save_latents(tmp_path / "z.safetensors", torch.zeros(24, 3, 2, 2))
+    code, err = run(capsys, source, tmp_path / "s.wav")
+    assert code == 2 and "holds no audio latents ('audio_latents')" in one_error_line(err)
+
+
+def test_huge_audio_latents_are_refused_from_the_header(tmp_path, capsys, monkeypatch):
+    """A sparse file declaring 2 x 32 x 2^28 audio latents (10 days of sound) for the sound alone: refused by the
+    memory count before anything is read or allocated."""
+    from minimax_h3_vae import memory
+
+    monkeypatch.setattr(memory, "available_host", lambda: 64 * 2**30)
+    path = tmp_path / "z.safetensors"
+    header = b'{"audio_latents":{"dtype":"F32","shape":[2,32,268435456],"data_offsets":[0,68719476736]},'
+    header += b'"latents":{"dtype":"F32","shape":[24,3,2,2],"data_offsets":[68719476736,68719477888]}}'
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as handle:
+        handle.write(len(header).to_bytes(8, "little") + header)
+        handle.truncate(8 + len(header) + 68719477888)
+    code, err = run(capsys, path, tmp_path / "s.wav")
+    line = one_error_line(err)
+    assert code == 2 and "decoding audio latents (2, 32, 268435456) needs about" in line and "host memory" in line
+
+
+# ---- nothing lost --------------------------------------------------------------------------------------------------
+
+
+def broken_audio_vae(tmp_path: Path, how: str) -> Path:
+    """A copy of the tiny repo root whose audio weights are truncated (the header intact) or hold NaN."""
+    root = tmp_path / "model"
+    shutil.copytree(TINY, root)
+    weights = root / "audio_vae" / "model.safetensors"
+    if how == "truncated":
+        with open(weights, "r+b") as handle:
+            handle.truncate(weights.stat().st_size - 1000)
+    else:
+        tensors = load_file(str(weights))
+        tensors["decoder.conv_post.weight_v"][0, 0, 3] = float("nan")
+        save_file(tensors, str(weights))
+    return root
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".safetensors", ".wav"])
+@pytest.mark.parametrize("how, code, words", [("truncated", 2, "audio_vae"), ("nan", 1, "the decoded sound holds NaN")])
+def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, suffix, how, code, words):
+    out = tmp_path / f"out{suffix}"
+    out.write_bytes(OLD)
+    source = clip(tmp_path)
+    model = broken_audio_vae(tmp_path, how)
+    got, err = run(capsys, source, out, "--model", model)
+    line = one_error_line(err)
+    assert got == code and words in line, line
+    assert out.read_bytes() == OLD
+    assert {p for p in tree(tmp_path) if not p.startswith("model")} == {out.name, "z.safetensors"}
+
+
+def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys, monkeypatch):
+    """The real encoder told its second input is a WAV file (it is raw float samples): ffmpeg fails on it while
+    the frames are piped; exit 1 with ffmpeg's reason, the old mp4 untouched, nothing left."""
+    real = subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+            at = command.index("f32le")
+            command = [*command[:at], "wav", *command[at + 1 :]]
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out)
+    assert code == 1 and "ffmpeg failed (exit status" in one_error_line(err)
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+def test_an_audio_encoder_that_refuses_is_found_before_decoding(tmp_path, capsys, monkeypatch):
+    """The same refusal in the preflight (one AAC frame of silence with the test frame): exit 2, ffmpeg's reason."""
+    monkeypatch.setattr(output, "SOUND_INPUT", ["-f", "wav"])
+    from minimax_h3_vae import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were read before the check")
+
+    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    code, err = run(capsys, clip(tmp_path), tmp_path / "v.mp4")
+    assert code == 2 and "ffmpeg cannot encode 32x32 frames and 32000 Hz sound" in one_error_line(err)
+
+
+def test_an_mp4_whose_sound_does_not_read_back_is_not_committed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(output, "count_audio_samples", lambda path: None)
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out)
+    assert code == 1 and "reads back no audio stream of 12000 per channel" in one_error_line(err)
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.mp4", "z.safetensors"}
+
+
+@pytest.mark.parametrize("suffix", [".wav", ".flac"])
+def test_disk_filled_while_writing_the_sound(tmp_path, capsys, monkeypatch, suffix):
+    """A real tmpfs with room at the preflight, filled by someone else right after it: the error names OUT and its
+    disk, the old file is untouched and nothing else is left."""
+    real = output.check_free_space
+
+    def check_then_fill(out, needed):
+        real(out, needed)
+        fill(out.parent)
+
+    monkeypatch.setattr(output, "check_free_space", check_then_fill)
+    source = clip(tmp_path)
+    with tmpfs(tmp_path / "disk", "256k") as disk:
+        out = disk / f"s{suffix}"
+        out.write_bytes(OLD)
+        code, err = run(capsys, source, out)
+        assert code == 1
+        assert f"{out}: no space left on the disk of {disk}; free some space" in one_error_line(err), err
+        assert out.read_bytes() == OLD and tree(disk) == {out.name, "filler"}
+
+
+def test_full_disk_while_writing_the_safetensors_sound(tmp_path, capsys, monkeypatch):
+    """ENOSPC as the sound is written, before any frame: WriteError, the old file untouched, no thread left."""
+    real, calls = output.SafetensorsSink._write, []
+
+    def write(self, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, data)
+
+    monkeypatch.setattr(output.SafetensorsSink, "_write", write)
+    out = tmp_path / "v.safetensors"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out)
+    assert code == 1 and f"{out}: no space left on the disk of {tmp_path}" in one_error_line(err)
+    assert calls == [2 * 12000 * 4]
+    assert out.read_bytes() == OLD and tree(tmp_path) == {"v.safetensors", "z.safetensors"}
+    assert not [t for t in threading.enumerate() if t.name == "frame-writer"]
+
+
+def test_the_sound_decodes_before_the_video(tmp_path, capsys, monkeypatch):
+    """The audio decoder runs (and is dropped) before the video decoder is built."""
+    from minimax_h3_vae import H3VideoDecoder
+
+    events = []
+    real_audio, real_video = H3AudioDecoder.decode, H3VideoDecoder.from_checkpoint.__func__
+
+    def audio(self, z):
+        events.append("audio")
+        return real_audio(self, z)
+
+    def video(cls, *args, **kwargs):
+        events.append("video")
+        return real_video(cls, *args, **kwargs)
+
+    monkeypatch.setattr(H3AudioDecoder, "decode", audio)
+    monkeypatch.setattr(H3VideoDecoder, "from_checkpoint", classmethod(video))
+    code, err = run(capsys, clip(tmp_path), tmp_path / "v.mp4")
+    assert code == 0 and events == ["audio", "video"]
+    assert "sound: audio latents (2, 32, 15) -> 2 x 12000 samples at 32000 Hz (0.375 s)" in err
+
+
+def test_under_torchrun_rank_0_alone_decodes_the_sound(tmp_path, one_thread):
+    """Two CPU ranks (gloo): rank 1's checkpoint has no audio VAE, which it never looks for; rank 0 decodes the
+    sound and writes one file equal to a single process's (on one thread, as each rank runs)."""
+    from test_distributed import torchrun
+
+    source = clip(tmp_path)
+    single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
+    spread.parent.mkdir()
+    assert cli.main([str(source), str(single), "--model", str(TINY), "--device", "cpu", "--tile-batch", "1"]) == 0
+    shared = tmp_path / "model"
+    shutil.copytree(TINY, shared)
+    shutil.copytree(TINY / "video_vae", Path(f"{shared}.missing") / "video_vae")  # rank 1's: video alone
+    result = torchrun("cli", shared, source, spread, "--device", "cpu", "--tile-batch", "1", timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("sound: audio latents (2, 32, 15)") == 1
+    assert sorted(p.name for p in spread.parent.iterdir()) == ["out.safetensors"]
+    got, want = load_file(str(spread)), load_file(str(single))
+    assert torch.equal(got["audio"], want["audio"]) and torch.equal(got["video"], want["video"])
