@@ -1,6 +1,6 @@
 """Latents files that carry audio (issue 32, section 2): what `save_latents` writes beside the video latents, what
-`load_latents` and the command's header reader take, the durations rule, and the recipe of docs/diffusers.md run on diffusers'
-own H3 pipeline blocks."""
+`load_latents` and the command's header reader take, the durations rule, and the recipe of docs/diffusers.md run
+on diffusers' own H3 pipeline blocks."""
 
 from __future__ import annotations
 
@@ -111,10 +111,10 @@ def test_the_boundary_is_half_a_latent_exactly():
 
 @pytest.fixture(scope="module")
 def pipeline_latents():
-    """The recipe of docs/diffusers.md on diffusers 0.42.1's H3 blocks: a copy of MiniMaxH3Blocks with its decode block popped
-    ends with the latents as the decode block takes them. The run keeps the t2va core's own blocks that make and
-    unpack the rows (prepare_latents, after_denoise) and skips those that need the transformer and the text: its
-    output has the layout and normalisation of a real run's, noise for values."""
+    """The recipe of docs/diffusers.md on diffusers 0.42.1's H3 blocks: a copy of MiniMaxH3Blocks with its decode
+    block popped ends with the latents as the decode block takes them. The run keeps the t2va core's own blocks
+    that make and unpack the rows (prepare_latents, after_denoise) and skips those that need the transformer and
+    the text: its output has the layout and normalisation of a real run's, noise for values."""
     from diffusers.modular_pipelines.minimax_h3.modular_blocks_minimax_h3 import MiniMaxH3Blocks, MiniMaxH3DecodeStep
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import audio_latent_num_frames, video_latent_num_frames
 
