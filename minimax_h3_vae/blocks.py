@@ -114,8 +114,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A float32 Linear (proj_out, which the release runs in float32). x: (..., K), weight: (N, K), bias: (N,)."""
-    return F.linear(x, weight, bias)
+    """A float32 Linear (proj_out, which the release runs in float32). x: (B, ..., K), weight: (N, K), bias:
+    (N,) or None -> (B, ..., N).
+
+    One GEMM per entry of x's first dim (a tile): cuBLAS and oneDNN pick their kernel by the row count, so
+    a tile's rows would otherwise depend on how many tiles share the call."""
+    return torch.stack([F.linear(tile, weight, bias) for tile in x])
 
 
 EAGER_OPS = SimpleNamespace(
