@@ -39,6 +39,7 @@ from gpu_clocks import ClockSampler  # noqa: E402
 import minimax_h3_vae as new  # noqa: E402
 from minimax_h3_vae import blocks  # noqa: E402
 from minimax_h3_vae.blocks import attention_backends  # noqa: E402
+from minimax_h3_vae.frames import to_uint8_frames  # noqa: E402
 from minimax_h3_vae.rope import rotary_table, token_positions  # noqa: E402
 from minimax_h3_vae.runtime import ATTENTION_BACKENDS  # noqa: E402
 
@@ -170,8 +171,15 @@ def alternate(variants: dict, rounds: int, per_round: int) -> dict:
 
 
 def error(out, reference) -> dict:
+    """Against the fp32 decode: max, mean and RMS abs error (model space), and the share of uint8 values
+    that differ (frames.to_uint8_frames)."""
     diff = (out - reference).abs()
-    return {"max": f"{diff.max().item():.3e}", "mean": f"{diff.mean().item():.3e}"}
+    levels = (to_uint8_frames(out) != to_uint8_frames(reference)).float().mean().item()
+    rms = diff.square().mean().sqrt().item()
+    return {"max": diff.max().item(), "mean": diff.mean().item(), "rms": rms, "uint8 off": levels}
+
+
+STEPS = ("ops", "grouping", "errors", "timing", "blocks")
 
 
 def main() -> None:
@@ -180,7 +188,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {STEPS}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="latent seeds of the error step")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the blocks step")
     args = parser.parse_args()
+    steps = set(args.steps.split(","))
     import triton
 
     global DEVICE, CONFIG, UNIT, TILES
@@ -192,54 +204,71 @@ def main() -> None:
     info = {"commit": args.commit, "card": card, "torch": torch.__version__, "triton": triton.__version__}
     info.update(cudnn=torch.backends.cudnn.version(), cuda=torch.version.cuda)
     print(json.dumps(info), flush=True)
-    results = {"info": info, "ops": op_table(CONFIG)}
-    for name, differ in results["ops"].items():
-        print(f"{name:52} {'invariant' if not differ else 'differs at n = ' + str(differ)}", flush=True)
+    results = {"info": info}
+    if "ops" in steps:
+        results["ops"] = op_table(CONFIG)
+        for name, differ in results["ops"].items():
+            print(f"{name:52} {'invariant' if not differ else 'differs at n = ' + str(differ)}", flush=True)
 
-    z = torch.randn(UNIT, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(1))
+    def latents(seed):
+        return torch.randn(UNIT, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(seed))
+
+    z = latents(args.seeds[0])
     models = {"old": released(old), "new": released(new)}
-    reference = models["new"].configure(fused=False).decode(z)  # fp32 eager, TF32 off (torch's default)
-    results["fp32 old vs new"] = error(models["old"].configure(fused=False).decode(z), reference)
-    state = {k: v.cpu() for k, v in models["new"].state_dict().items()}
+    # fp32 eager decodes of this tree, TF32 off (torch's default for matmuls), one per seed
+    references = {seed: models["new"].configure(fused=False).decode(latents(seed)) for seed in args.seeds}
+    reference = references[args.seeds[0]]
+    if "errors" in steps:
+        results["fp32 old vs new"] = error(models["old"].configure(fused=False).decode(z), reference)
+    state = {k: v.cpu() for k, v in models["new"].state_dict().items()} if "blocks" in steps else None
     for model in models.values():
         model.to_release_fp16()
-    results["grouping"] = {
-        "new fused": grouping(models["new"].configure(fused=True), z, range(2, TILES + 1)),
-        "old fused": grouping(models["old"].configure(fused=True), z, (3, 4, 7, 14, 28)),
-        "new eager": grouping(models["new"].configure(fused=False), z, (3, 4, 7, 14, 28)),
-        "old eager": grouping(models["old"].configure(fused=False), z, (3, 4, 7, 14, 28)),
-    }
-    print(json.dumps(results["grouping"]), flush=True)
-    results["error vs fp32"] = {}
-    for name, model in models.items():
-        for is_fused in (True, False):
-            out = model.decode(z, fused=is_fused)
-            results["error vs fp32"][f"{name} {'fused' if is_fused else 'eager'}"] = error(out, reference)
-    results["ms per unit"] = {
-        "fused": alternate({k: lambda m=m: m.decode(z, fused=True) for k, m in models.items()}, 4, 2),
-        "eager": alternate({k: lambda m=m: m.decode(z, fused=False) for k, m in models.items()}, 3, 2),
-    }
+    if "grouping" in steps:
+        results["grouping"] = {
+            "new fused": grouping(models["new"].configure(fused=True), z, range(2, TILES + 1)),
+            "old fused": grouping(models["old"].configure(fused=True), z, (3, 4, 7, 14, 28)),
+            "new eager": grouping(models["new"].configure(fused=False), z, (3, 4, 7, 14, 28)),
+            "old eager": grouping(models["old"].configure(fused=False), z, (3, 4, 7, 14, 28)),
+        }
+        print(json.dumps(results["grouping"]), flush=True)
+    results["error vs fp32"], results["ms per unit"] = {}, {}
+    if "errors" in steps:
+        for seed in args.seeds:
+            for name, model in models.items():
+                for is_fused in (True, False):
+                    out = model.decode(latents(seed), fused=is_fused)
+                    label = f"{name} {'fused' if is_fused else 'eager'} seed {seed}"
+                    results["error vs fp32"][label] = error(out, references[seed])
+    if "timing" in steps:
+        results["ms per unit"]["fused"] = alternate(
+            {k: lambda m=m: m.decode(z, fused=True) for k, m in models.items()}, 4, 2
+        )
+        results["ms per unit"]["eager"] = alternate(
+            {k: lambda m=m: m.decode(z, fused=False) for k, m in models.items()}, 3, 2
+        )
     del models
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
-    streamed = {}
-    for name, package in (("old", old), ("new", new)):
-        loading = importlib.import_module(f"{package.__name__}.loading")
-        config = package.H3DecoderConfig(**fields(CONFIG))
-        checkpoint = loading.checkpoint_in_memory(state, config, "original", "random weights")
-        streamed[name] = package.H3VideoDecoder.from_checkpoint(
-            checkpoint, device=DEVICE, dtype="fp16", fused=True, offload="blocks", gemm="cublas", attention="sdpa"
-        )
-    blocks_out = {name: model.decode(z) for name, model in streamed.items()}
-    results["error vs fp32"].update({f"{k} blocks": error(v, reference) for k, v in blocks_out.items()})
-    results["ms per unit"]["blocks"] = alternate({k: lambda m=m: m.decode(z) for k, m in streamed.items()}, 3, 2)
+    if "blocks" in steps:
+        streamed = {}
+        for name, package in (("old", old), ("new", new)):
+            loading = importlib.import_module(f"{package.__name__}.loading")
+            config = package.H3DecoderConfig(**fields(CONFIG))
+            checkpoint = loading.checkpoint_in_memory(state, config, "original", "random weights")
+            streamed[name] = package.H3VideoDecoder.from_checkpoint(
+                checkpoint, device=DEVICE, dtype="fp16", fused=True, offload="blocks", gemm="cublas", attention="sdpa"
+            )
+        for name, model in streamed.items():
+            results["error vs fp32"][f"{name} blocks seed {args.seeds[0]}"] = error(model.decode(z), reference)
+        variants = {k: lambda m=m: m.decode(z) for k, m in streamed.items()}
+        results["ms per unit"]["blocks"] = alternate(variants, args.rounds, 2)
     print(json.dumps(results, indent=1), flush=True)
     print(f"{'path':8} {'old ms':>8} {'new ms':>8} {'new/old':>8}  clocks", flush=True)
     for path, row in results["ms per unit"].items():
         print(f"{path:8} {row['old']:8.1f} {row['new']:8.1f} {row['new'] / row['old']:8.4f}  {row['clocks']}")
-    print(f"{'error vs fp32':16} {'max':>10} {'mean':>10}")
+    print(f"{'error vs fp32':22} {'max':>10} {'mean':>10} {'rms':>10} {'uint8 off':>10}")
     for name, row in results["error vs fp32"].items():
-        print(f"{name:16} {row['max']:>10} {row['mean']:>10}")
+        print(f"{name:22} {row['max']:10.3e} {row['mean']:10.3e} {row['rms']:10.3e} {row['uint8 off']:10.3%}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
