@@ -139,7 +139,8 @@ class H3Decoder(nn.Module):
         algorithm (cuDNN: also TF32) by the batch size, and gave other bits for other tile counts."""
         z = z.float()
         weight = self.post_quant_conv.weight.flatten(1)  # (C out, C in)
-        out = self.post_quant_conv.bias.view(1, -1, 1, 1, 1).expand(z.shape[0], -1, *z.shape[2:]).contiguous()
+        # repeat() always copies (an expand made contiguous would be the bias itself for a one-voxel batch)
+        out = self.post_quant_conv.bias.view(1, -1, 1, 1, 1).repeat(z.shape[0], 1, *z.shape[2:])
         for channel, w in enumerate(weight.T):
             out.addcmul_(z[:, channel : channel + 1], w.view(-1, 1, 1, 1))
         return out

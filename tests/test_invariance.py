@@ -1,5 +1,5 @@
 """One latent input, one output: the decoded bits do not depend on how the tiles are grouped into decoder
-calls (docs/decoder.md, "Same bits whatever the grouping").
+calls (docs/decoder.md §9).
 
 What varies: the tile batch (every value, and the automatic one under any memory budget), offload="blocks",
 B videos decoded together or each alone, decode vs decode_stream, and the ranks under torchrun. The CPU tests
@@ -77,6 +77,15 @@ def test_every_grouping_gives_one_output(dtype, threads):
         assert set(sizes) == {1, 2, 3}, "calls of 1, 2 and 3 tiles all ran"
         streamed = torch.cat(list(model.decode_stream(z, tile_batch=2)), dim=2)
         assert torch.equal(streamed, expected), offload
+
+
+def test_a_decode_changes_no_weight():
+    """A one-voxel latent (one tile of 1 x 1 x 1): post_quant_conv's sum starts from a copy of its bias, never
+    the bias itself."""
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.decode(latents(frames=1, height=1, width=1))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 @THREADS
