@@ -118,8 +118,19 @@ def attention(
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A float32 Linear (proj_out, which the release runs in float32). x: (..., K), weight: (N, K), bias: (N,)."""
-    return F.linear(x, weight, bias)
+    """A float32 Linear (proj_out, which the release runs in float32). x: (B, ..., K), weight: (N, K), bias:
+    (N,) or None -> (B, ..., N).
+
+    One GEMM per entry of x's first dim (a tile), written in place: a library GEMM (cuBLAS, MKL) may pick its
+    kernel by the row count, and a tile's rows must not depend on how many tiles share the call."""
+    out = x.new_empty(*x.shape[:-1], weight.shape[0])
+    for tile, rows in zip(x, out):
+        tile, rows = tile.reshape(-1, x.shape[-1]), rows.view(-1, weight.shape[0])
+        if bias is None:
+            torch.mm(tile, weight.T, out=rows)
+        else:
+            torch.addmm(bias, tile, weight.T, out=rows)
+    return out
 
 
 EAGER_OPS = SimpleNamespace(

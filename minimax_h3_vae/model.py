@@ -11,7 +11,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .blocks import BLOCK_LINEARS, EAGER_OPS, DecoderBlock
@@ -51,14 +50,19 @@ class ViTDecoder(nn.Module):
     def embed(self, z: torch.Tensor, ops: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
         """z: (N, C, t, h, w) float32 latents after post_quant_conv -> the first block's input: the residual
         stream (N, S, dim) float32 with the register and zero tokens appended, and its norm1 in the compute
-        dtype."""
+        dtype.
+
+        x_embedder runs once per tile, straight into the tile's rows of the stream: a library GEMM picks its
+        kernel by the row count, so one call over all N tiles could round a tile differently for another N."""
         c = self.config
-        n = z.shape[0]
-        tokens = self.x_embedder(z.flatten(2).transpose(1, 2))
-        suffix = torch.cat(
-            [self.register_tokens.expand(n, -1, -1).to(tokens.dtype), tokens.new_zeros(n, 1, c.dim)], dim=1
-        )
-        residual = torch.cat([tokens, suffix], dim=1)
+        n, _, frames, height, width = z.shape
+        tokens = frames * height * width
+        residual = z.new_empty(n, tokens + c.num_register_tokens + 1, c.dim)
+        weight, bias = self.x_embedder.weight, self.x_embedder.bias
+        for tile, rows in zip(z, residual):
+            torch.addmm(bias, tile.flatten(1).T, weight.T, out=rows[:tokens])
+        residual[:, tokens:-1] = self.register_tokens
+        residual[:, -1] = 0
         norm1 = self.transformer_blocks[0].norm1.weight
         return residual, ops.rms_norm(residual, norm1, c.norm_eps, self.compute_dtype)
 
@@ -128,8 +132,18 @@ class H3Decoder(nn.Module):
         return self
 
     def post_quant(self, z: torch.Tensor) -> torch.Tensor:
-        """Raw latent tiles (N, C, t, h, w), any float dtype -> post_quant_conv's output, float32."""
-        return F.conv3d(z.float(), self.post_quant_conv.weight, self.post_quant_conv.bias)
+        """Raw latent tiles (N, C, t, h, w), any float dtype -> post_quant_conv's output, float32.
+
+        The 1x1x1 conv mixes the channels of each voxel: summed here in float32 one input channel at a time,
+        in a fixed order, so that a voxel's value depends on that voxel alone. A library conv chooses its
+        algorithm (cuDNN: also TF32) by the batch size, and gave other bits for other tile counts."""
+        z = z.float()
+        weight = self.post_quant_conv.weight.flatten(1)  # (C out, C in)
+        # repeat() always copies (an expand made contiguous would be the bias itself for a one-voxel batch)
+        out = self.post_quant_conv.bias.view(1, -1, 1, 1, 1).repeat(z.shape[0], 1, *z.shape[2:])
+        for channel, w in enumerate(weight.T):
+            out.addcmul_(z[:, channel : channel + 1], w.view(-1, 1, 1, 1))
+        return out
 
     def forward(
         self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS, out: torch.Tensor | None = None

@@ -1,6 +1,7 @@
 """Run under `torchrun --standalone --nproc_per_node N` by tests/test_distributed.py (gloo, CPU).
 
 distributed_worker.py decode CHECKPOINT OUT_DIR   each rank saves its decodes for several tile batches
+distributed_worker.py auto CHECKPOINT OUT_DIR     each rank saves its decode with the automatic tile batch
 distributed_worker.py cli CHECKPOINT ARGS...      runs the CLI, with a missing checkpoint on rank 1 only
 distributed_worker.py cli_same CHECKPOINT ARGS... runs the CLI, the same checkpoint on every rank
 distributed_worker.py api_sweep CHECKPOINT DIR T...   decode() per T and frame size, every rank's output saved
@@ -36,6 +37,13 @@ def decode(checkpoint: str, out_dir: Path) -> None:
     torch.save(model.decode(z), out_dir / f"rank{rank}_output_rank1.pt")
     streamed = H3VideoDecoder.from_pretrained(checkpoint, device="cpu", offload="blocks", tile_batch=1)
     torch.save(streamed.decode(z), out_dir / f"rank{rank}_blocks_batch1.pt")
+    dist.destroy_process_group()
+
+
+def auto(checkpoint: str, out_dir: Path) -> None:
+    dist.init_process_group("gloo")
+    model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
+    torch.save(model.decode(latents()), out_dir / f"rank{dist.get_rank()}_auto.pt")
     dist.destroy_process_group()
 
 
@@ -85,5 +93,7 @@ if __name__ == "__main__":
         sys.exit()
     if sys.argv[1] == "decode":
         decode(sys.argv[2], Path(sys.argv[3]))
+    elif sys.argv[1] == "auto":
+        auto(sys.argv[2], Path(sys.argv[3]))
     else:
         sys.exit(cli(sys.argv[2], sys.argv[3:], same=sys.argv[1] == "cli_same"))

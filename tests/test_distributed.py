@@ -95,11 +95,11 @@ def test_blocks_offload_under_torchrun(distributed_outputs, one_thread):
 
 def test_automatic_batch_matches_single_process(distributed_outputs, one_thread):
     """Automatic batches: each rank decodes its share (2 and 1 tiles) in one call, the single process all 3
-    in one call, so only the GEMMs' summation order can differ: float32 ulps."""
+    in one call; no op depends on the tiles a call holds (docs/decoder.md §9), so the bits are the same."""
     expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(latents())
     outs = [torch.load(distributed_outputs / f"rank{rank}_batchNone.pt") for rank in (0, 1)]
     assert torch.equal(outs[0], outs[1]), "every rank stitches the same gathered tiles"
-    torch.testing.assert_close(outs[0], expected, atol=1e-5, rtol=0)
+    assert torch.equal(outs[0], expected)
 
 
 def test_output_rank_limits_the_output(distributed_outputs):
