@@ -15,7 +15,7 @@ import torch
 
 # The compute capability the GEMMs were measured on (H100, H200), and how to install what they need.
 HOPPER = (9, 0)
-INSTALL = 'pip install "minimax-h3-vae[hopper]"'
+INSTALL = 'pip install -e ".[hopper]" in the checkout'
 DTYPES = (torch.float16, torch.bfloat16)
 # TMA loads and stores need 16-byte aligned rows: 8 half-precision elements.
 ALIGN = 8
