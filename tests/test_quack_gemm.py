@@ -119,7 +119,8 @@ def test_select_ops_without_quack_here_keeps_cublas_and_the_ops_after_it(recwarn
     messages = " ".join(str(w.message) for w in recwarn)
     assert "torch's linear and the silu_mul op run instead" in messages
     assert "torch's linear and the qk_rms_norm_rope op run instead" in messages
-    assert "fp16x3_linear (" in messages and "CUDA device" in messages
+    # (where the CPU cannot run Triton at all, one reason is given for every kernel it names)
+    assert "fp16x3_linear" in messages and ("CUDA device" in messages or "TRITON_INTERPRET" in messages)
     assert not fused.uses_quack(ops)
     assert ops.linear_fp32 is fused.select_ops(config, torch.device("cpu"), torch.float32, "cublas").linear_fp32
     x = torch.randn(3, 5, config.dim)

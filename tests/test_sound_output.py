@@ -128,7 +128,11 @@ def test_the_mp4_sound_is_the_decoders(tmp_path, capsys):
     out = tmp_path / "v.mp4"
     assert run(capsys, source, out)[0] == 0
     want, got = expected_sound(source), samples_of(out)
-    assert got.shape == want.shape == (2, 12000)
+    assert want.shape == (2, 12000)
+    # Every sample is there; an ffmpeg that does not apply the mp4's trim of the last AAC frame (seen on the GPU
+    # machine's image) decodes that frame's padding too: at most one frame more, after the sound.
+    assert 12000 <= got.shape[1] < 12000 + 1024 and got.shape[0] == 2
+    got = got[:, :12000]
     assert (got - want).norm() / want.norm() < 0.3
     assert (got - want.flip(0)).norm() > (got - want).norm()  # left is left
 
