@@ -194,7 +194,7 @@ class H3DecodeWithVAE:
     ) -> tuple[torch.Tensor]:
         """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` for this decode
         (`decoder_for_vae`), after ComfyUI has loaded the VAE where it computes."""
-        config = _state_config(_h3_state(vae), statistics=False)
+        config = _structure(_h3_state(vae))
         options = _node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
         z = latent_samples(samples, config.latent_channels)
         _load_vae(vae, config, z, options)
@@ -229,7 +229,7 @@ class H3UseForVAE:
         and `decode_tiled` match it (tile settings are ignored: the decoder tiles as released, as ComfyUI's
         own H3 VAE does). The VAE given is not changed."""
         # Checks now that it is H3's video VAE, of a known structure (its statistics are read at each decode).
-        config = _state_config(_h3_state(vae), statistics=False)
+        config = _structure(_h3_state(vae))
         options = _node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
         stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
         own_decode = getattr(vae.first_stage_model, "decode", None)
@@ -443,13 +443,12 @@ def decoder_for_vae(vae, options: DecodeOptions) -> H3VideoDecoder | None:
     quantized, not loaded (meta), or not all on `options.device` (ComfyUI loaded part of it); ValueError for
     another VAE, or an H3 VAE of a structure these nodes do not know."""
     state = _h3_state(vae)
-    config = _state_config(state, statistics=False)  # the structure, before anything is read
+    _structure(state)  # before anything is read
     if any(type(t) is not torch.Tensor or t.is_meta or not t.is_floating_point() for t in state.values()):
         return None
     if any(t.device != options.device for t in state.values()):
         return None
-    config = _state_config(state)
-    checkpoint = checkpoint_in_memory(state, config, "original", "the ComfyUI VAE")
+    checkpoint = checkpoint_in_memory(state, _read_config(state), "original", "the ComfyUI VAE")
     return H3VideoDecoder.from_checkpoint(checkpoint, options)
 
 
@@ -466,15 +465,14 @@ def _h3_state(vae) -> dict[str, torch.Tensor]:
     return {k: everything[k].detach() for k in names}
 
 
-def _state_config(state: dict[str, torch.Tensor], statistics: bool = True) -> H3DecoderConfig:
-    """The config of a ComfyUI VAE's H3 tensors, after checking that they are exactly the tensors of an H3
-    decoder (names and shapes; ValueError naming the supported ComfyUI versions otherwise). Without
-    `statistics`, the latent statistics are the released ones rather than read from the VAE's tensors (which
-    may not hold values yet)."""
+def _structure(state: dict[str, torch.Tensor]) -> H3DecoderConfig:
+    """The config of a ComfyUI VAE's H3 tensors (the released latent statistics: the VAE's own may not hold
+    values yet), after checking that they are exactly the tensors of an H3 decoder, by names and shapes;
+    ValueError naming the supported ComfyUI versions otherwise. Reads no tensor."""
     shapes = {k: tuple(t.shape) for k, t in state.items()}
-    stated = shapes if statistics else {k: v for k, v in shapes.items() if k not in ("latents_mean", "latents_std")}
+    unread = {k: v for k, v in shapes.items() if k not in ("latents_mean", "latents_std")}
     try:
-        config = comfyui_config(stated, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
+        config = comfyui_config(unread, None, "the ComfyUI VAE")  # no statistics given: none is read
         with torch.device("meta"):
             expected = {k: tuple(t.shape) for k, t in H3Decoder(config).state_dict().items()}
         Checkpoint("original", config, {}, shapes, "the ComfyUI VAE").check(expected)
@@ -484,6 +482,13 @@ def _state_config(state: dict[str, torch.Tensor], statistics: bool = True) -> H3
             "Decode, or Load MiniMax-H3 Decoder on the checkpoint file"
         ) from None
     return config
+
+
+def _read_config(state: dict[str, torch.Tensor]) -> H3DecoderConfig:
+    """The config of a ComfyUI VAE's H3 tensors whose structure `_structure` checked, with the VAE's own latent
+    statistics (read from its tensors, which must hold values)."""
+    shapes = {k: tuple(t.shape) for k, t in state.items()}
+    return comfyui_config(shapes, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
 
 
 def _has(module: torch.nn.Module, path: str) -> bool:
