@@ -1,22 +1,24 @@
-"""Hashes and times of released-size GPU decodes, to show that a change leaves the output bit for bit alone.
+"""Hashes of decodes through every path, to show that a change leaves the output bit for bit alone.
 
     PYTHONPATH=OLD_TREE python benchmarks/decode_hashes.py --tag before --dir /tmp/h
     PYTHONPATH=.        python benchmarks/decode_hashes.py --tag after  --dir /tmp/h
     python benchmarks/decode_hashes.py --compare before after --dir /tmp/h
 
-Each run builds the released architecture with the same seeded random weights (common.randomize_) through
-the package's public modules only (so it runs against older versions of the package too), decodes one
-1344x768 unit in fp32 eager (TF32 off), fp16 eager and fp16 fused, and a two-chunk 1344x768 clip through
-`decode_stream` (fp16 eager), prints a SHA-256 of each output and the fused unit's median CUDA-event time,
-and saves the outputs. `--device cpu` does the same at a toy size (2 blocks, width 128, a 352x224 unit: 6
-tiles), the fused kernels under TRITON_INTERPRET=1 (set it before Python starts).
---compare prints, per variant, whether the two runs are bitwise equal and their max abs difference.
+Each run makes one set of seeded random weights (common.randomize_ on the released architecture, or on a toy
+one with `--device cpu`: 2 blocks, width 128, a 352x224 unit of 6 tiles) and loads them through the public
+loading door (`H3VideoDecoder.from_checkpoint` on an in-memory checkpoint of the original layout) once per
+path: eager / fused, fp32 / fp16, cuBLAS / quack, SDPA / fa4, resident / offload="blocks"; plus a two-chunk
+clip through `decode_stream`. A path this machine cannot run (quack or fa4 off Hopper) is listed as skipped.
+It prints a SHA-256 of each output and saves the outputs; on CUDA also the fused paths' median CUDA-event
+time per unit with the SM clock and power. On the CPU the fused kernels run under TRITON_INTERPRET=1 (set it
+before Python starts). --compare prints, per path, whether the two runs are bitwise equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import statistics
 import sys
@@ -29,74 +31,112 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 UNIT_SHAPE = (1, 24, 7, 48, 84)
 TWO_CHUNKS = (1, 24, 12, 48, 84)
 CPU_SHAPES = ((1, 24, 7, 14, 22), (1, 24, 12, 14, 22))
+# (name, dtype, fused, gemm, attention, offload); the stream variant decodes the two-chunk clip.
+PATHS = (
+    ("fp32 eager", "fp32", False, "cublas", "sdpa", "none"),
+    ("fp32 eager blocks", "fp32", False, "cublas", "sdpa", "blocks"),
+    ("fp32 fused", "fp32", True, "cublas", "sdpa", "none"),
+    ("fp16 eager", "fp16", False, "cublas", "sdpa", "none"),
+    ("fp16 eager blocks", "fp16", False, "cublas", "sdpa", "blocks"),
+    ("fp16 eager stream 2 chunks", "fp16", False, "cublas", "sdpa", "none"),
+    ("fp16 fused cublas sdpa", "fp16", True, "cublas", "sdpa", "none"),
+    ("fp16 fused cublas sdpa blocks", "fp16", True, "cublas", "sdpa", "blocks"),
+    ("fp16 fused quack sdpa", "fp16", True, "quack", "sdpa", "none"),
+    ("fp16 fused cublas fa4", "fp16", True, "cublas", "fa4", "none"),
+    ("fp16 fused quack fa4", "fp16", True, "quack", "fa4", "none"),
+    ("fp16 fused quack fa4 blocks", "fp16", True, "quack", "fa4", "blocks"),
+)
 
 
-def released_model(device: torch.device):
+def checkpoint_in_memory():
+    """The in-memory checkpoint door, wherever this version of the package keeps it."""
+    for module in ("minimax_h3_vae.checkpoints", "minimax_h3_vae.loading"):
+        try:
+            return importlib.import_module(module).checkpoint_in_memory
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no checkpoint_in_memory in this version of the package")
+
+
+def released_weights(device: torch.device):
+    """The released (or toy) architecture's config and seeded random float32 weights, original key names."""
     from common import randomize_
 
     from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder
 
     config = H3DecoderConfig() if device.type == "cuda" else H3DecoderConfig(num_layers=2, num_heads=2)
+    with torch.device("meta"):
+        names = [name for name, _ in H3VideoDecoder(config).named_parameters()]
     with device:
         model = H3VideoDecoder(config)
     randomize_(model.named_parameters(), torch.Generator(device=device).manual_seed(0), only=("",))
-    return model.eval().requires_grad_(False)
-
-
-def set_fused(model, fused: bool) -> None:
-    if hasattr(model, "configure"):  # 0.3: a frozen runtime, changed through configure
-        model.configure(fused=fused)
-    elif hasattr(model, "runtime"):  # 0.2: run settings in model.runtime
-        model.runtime.fused = fused
-    else:  # 0.1: in the config
-        model.config = model.config.replace(fused=fused)
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items() if name in names}
+    return config, state
 
 
 def run(tag: str, folder: Path, device: torch.device) -> None:
+    from minimax_h3_vae import H3VideoDecoder
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     unit, two = (UNIT_SHAPE, TWO_CHUNKS) if device.type == "cuda" else CPU_SHAPES
     z = torch.randn(unit, device=device, generator=torch.Generator(device).manual_seed(1))
     clip = torch.randn(two, device=device, generator=torch.Generator(device).manual_seed(2))
-    model = released_model(device)
-    set_fused(model, False)  # 0.3's directly built decoder picks fused on CUDA by itself, as every door does
-    outputs = {"fp32 eager": model.decode(z)}
-    model.to_release_fp16()
-    outputs["fp16 eager"] = model.decode(z)
-    outputs["fp16 eager stream 2 chunks"] = torch.cat(list(model.decode_stream(clip)), dim=2)
-    set_fused(model, True)
-    outputs["fp16 fused"] = model.decode(z)
-    report = {name: hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()[:16] for name, out in outputs.items()}
-    if device.type == "cuda":
-        from gpu_clocks import ClockSampler
-
-        times = []
-        with ClockSampler() as clocks:
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                model.decode(z)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-        report["fused ms per unit (median of 5)"] = round(statistics.median(times), 1)
-        report["clocks while timing"] = clocks.summary
-        report["peak GPU memory GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    config, state = released_weights(device)
+    in_memory = checkpoint_in_memory()
+    outputs, report, times = {}, {}, {}
+    for name, dtype, fused, gemm, attention, offload in PATHS:
+        options = dict(device=str(device), dtype=dtype, fused=fused, gemm=gemm, attention=attention, offload=offload)
+        try:
+            model = H3VideoDecoder.from_checkpoint(in_memory(state, config, "original"), **options)
+        except ValueError as error:
+            report[name] = f"skipped: {error}"
+            continue
+        if "stream" in name:
+            outputs[name] = torch.cat(list(model.decode_stream(clip)), dim=2).cpu()
+        else:
+            outputs[name] = model.decode(z).cpu()
+            if device.type == "cuda" and fused:
+                times[name] = time_decode(model, z)
+        report[name] = hashlib.sha256(outputs[name].numpy().tobytes()).hexdigest()[:16]
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print(tag, json.dumps(report, indent=1), flush=True)
-    torch.save({k: v.cpu() for k, v in outputs.items()}, folder / f"{tag}.pt")
+    if times:
+        print(json.dumps(times, indent=1), flush=True)
+    torch.save(outputs, folder / f"{tag}.pt")
+
+
+def time_decode(model, z: torch.Tensor) -> dict:
+    """Median CUDA-event ms of 5 unit decodes after one warm-up, with the SM clock and power meanwhile."""
+    from gpu_clocks import ClockSampler
+
+    model.decode(z)
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    with ClockSampler() as clocks:
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model.decode(z)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return {"ms per unit": round(statistics.median(times), 1), "clocks": clocks.summary, "peak GiB": peak}
 
 
 def compare(a: str, b: str, folder: Path) -> None:
     first, second = torch.load(folder / f"{a}.pt"), torch.load(folder / f"{b}.pt")
-    reference = second["fp32 eager"]
-    print(f"{'variant':28} {'bitwise':>8} {'max abs diff':>13} {a + ' err':>12} {b + ' err':>12}")
-    for name in first:
-        x, y = first[name], second[name]
-        diff = (x - y).abs().max().item()
-        errors = ["", ""]
-        if name.startswith("fp16") and x.shape == reference.shape:
-            errors = [f"{(v - reference).abs().max().item():.3e}" for v in (x, y)]
-        print(f"{name:28} {str(torch.equal(x, y)):>8} {diff:13.3e} {errors[0]:>12} {errors[1]:>12}")
+    print(f"| path | {a} | {b} | bitwise |\n| --- | --- | --- | --- |")
+    for name, *_ in PATHS:
+        x, y = first.get(name), second.get(name)
+        if x is None or y is None:
+            print(f"| {name} | {'-' if x is None else 'ran'} | {'-' if y is None else 'ran'} | not compared |")
+            continue
+        hashes = [hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16] for t in (x, y)]
+        print(f"| {name} | {hashes[0]} | {hashes[1]} | {torch.equal(x, y)} |")
 
 
 def main() -> None:
