@@ -70,7 +70,8 @@ def released_weights(device: torch.device):
     with device:
         model = H3VideoDecoder(config)
     randomize_(model.named_parameters(), torch.Generator(device=device).manual_seed(0), only=("",))
-    state = {name: tensor.detach() for name, tensor in model.state_dict().items() if name in names}
+    # Kept in host memory, copied for each load: no load can share (or change) another's tensors.
+    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items() if name in names}
     return config, state
 
 
@@ -88,7 +89,8 @@ def run(tag: str, folder: Path, device: torch.device) -> None:
     for name, dtype, fused, gemm, attention, offload in PATHS:
         options = dict(device=str(device), dtype=dtype, fused=fused, gemm=gemm, attention=attention, offload=offload)
         try:
-            model = H3VideoDecoder.from_checkpoint(in_memory(state, config, "original"), **options)
+            copy = {name: tensor.clone() for name, tensor in state.items()}
+            model = H3VideoDecoder.from_checkpoint(in_memory(copy, config, "original"), **options)
         except ValueError as error:
             report[name] = f"skipped: {error}"
             continue
