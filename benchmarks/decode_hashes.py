@@ -76,7 +76,11 @@ def released_weights(device: torch.device):
 
 
 def run(tag: str, folder: Path, device: torch.device) -> None:
+    # Imported before `common` (which puts this tree first on the path), so PYTHONPATH picks the package.
+    import minimax_h3_vae
     from minimax_h3_vae import H3VideoDecoder
+
+    print(tag, "package:", Path(minimax_h3_vae.__file__).parent, flush=True)
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
