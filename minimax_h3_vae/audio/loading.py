@@ -33,9 +33,11 @@ from ..checkpoints.files import (
     expect,
     expect_object,
     fields,
+    first_folder,
     headers,
     inside,
     read_json,
+    single_file,
 )
 from ..checkpoints.hub import DEFAULT_REPO, diffusers_locator, hub_snapshot, local_or_fetched
 from ..checkpoints.stored import StoredCheckpoint
@@ -118,13 +120,10 @@ def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | No
 
 
 def _open_local(path: Path, origin: str) -> AudioCheckpoint:
-    if path.is_file():
-        if path.suffix != ".safetensors":
-            raise CheckpointError(f"{origin}: a single-file checkpoint must be a .safetensors file")
+    if single_file(path, origin):
         return _open_comfyui(path, origin)
-    for sub in ORIGINAL_SUBFOLDERS:
-        if (path / sub / "config.json").is_file():
-            return _open_folder(path / sub, origin)
+    if (folder := first_folder(path, ORIGINAL_SUBFOLDERS)) is not None:
+        return _open_folder(folder, origin)
     if (path / "config.json").is_file():
         return _open_folder(path, origin)
     raise CheckpointError(

@@ -104,6 +104,20 @@ def diffusers_weights(folder: Path, origin: str, prefixes: tuple[str, ...]) -> l
     return [folder / DIFFUSERS_SINGLE]
 
 
+def single_file(path: Path, origin: str) -> bool:
+    """Whether `path` is a single-file checkpoint: a file, which must then be a .safetensors one."""
+    if not path.is_file():
+        return False
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"{origin}: a single-file checkpoint must be a .safetensors file")
+    return True
+
+
+def first_folder(root: Path, subfolders: tuple[str, ...]) -> Path | None:
+    """The first of `subfolders` of `root` that holds a config.json, if any."""
+    return next((root / sub for sub in subfolders if (root / sub / "config.json").is_file()), None)
+
+
 # ---- the settings of a config file --------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from .checkpoint import DECODER_PREFIXES, Checkpoint
 from .comfyui import open_comfyui
 from .diffusers import SUBFOLDER as DIFFUSERS_SUBFOLDER
 from .diffusers import DiffusersCheckpoint, open_diffusers
-from .files import DIFFUSERS_INDEX, DIFFUSERS_SINGLE, CheckpointError
+from .files import DIFFUSERS_INDEX, DIFFUSERS_SINGLE, CheckpointError, first_folder, single_file
 from .hub import DEFAULT_REPO, diffusers_locator, hub_snapshot, local_or_fetched
 from .original import SUBFOLDERS as ORIGINAL_SUBFOLDERS
 from .original import locate_original, open_original
@@ -42,15 +42,12 @@ def checkpoint_in_memory(
 def open_local(path: Path, origin: str) -> Checkpoint:
     """The checkpoint at `path`: a ComfyUI file, or a folder of the original or diffusers layout, or a repo
     root holding one (the original first)."""
-    if path.is_file():
-        if path.suffix != ".safetensors":
-            raise CheckpointError(f"{origin}: a single-file checkpoint must be a .safetensors file")
+    if single_file(path, origin):
         return open_comfyui(path, origin)
-    for sub in ORIGINAL_SUBFOLDERS:
-        if (path / sub / "config.json").is_file():
-            return open_original(path / sub, origin)
-    if (path / DIFFUSERS_SUBFOLDER / "config.json").is_file():
-        return open_diffusers(path / DIFFUSERS_SUBFOLDER, origin)
+    if (folder := first_folder(path, ORIGINAL_SUBFOLDERS)) is not None:
+        return open_original(folder, origin)
+    if (folder := first_folder(path, (DIFFUSERS_SUBFOLDER,))) is not None:
+        return open_diffusers(folder, origin)
     config = path / "config.json"
     if config.is_file():
         if (path / DIFFUSERS_INDEX).is_file() or (path / DIFFUSERS_SINGLE).is_file():
