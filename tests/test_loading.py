@@ -589,7 +589,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch, no_network):
-    """An HF cache in tmp_path, offline; returns add(repo_id, {path in repo: local file}) and the _download log."""
+    """An HF cache in tmp_path, offline; returns add(repo_id, {path in repo: local file}) and the downloads log."""
     import huggingface_hub.constants
 
     cache = tmp_path / "hf_home" / "hub"
