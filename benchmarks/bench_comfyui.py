@@ -21,9 +21,10 @@ import torch
 from common import random_latents, randomize_, run_info
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder
+from minimax_h3_vae.checkpoints import checkpoint_in_memory
+from minimax_h3_vae.checkpoints.comfyui import comfyui_config
 from minimax_h3_vae.comfyui import decode_into
 from minimax_h3_vae.config import RELEASED_LATENTS_MEAN, RELEASED_LATENTS_STD
-from minimax_h3_vae.loading import checkpoint_in_memory, comfyui_config
 
 UNIT = (1, 24, 7, 48, 84)
 

@@ -126,6 +126,16 @@ def op_table(c) -> dict[str, list[int]]:
     return table
 
 
+def in_memory(package):
+    """The package's in-memory checkpoint door, wherever its version keeps it (checkpoints/, or loading.py)."""
+    for module in ("checkpoints", "loading"):
+        try:
+            return importlib.import_module(f"{package.__name__}.{module}").checkpoint_in_memory
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"no checkpoint_in_memory in {package.__name__}")
+
+
 def fields(config) -> dict:
     return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
 
@@ -252,9 +262,8 @@ def main() -> None:
     if "blocks" in steps:
         streamed = {}
         for name, package in (("old", old), ("new", new)):
-            loading = importlib.import_module(f"{package.__name__}.loading")
             config = package.H3DecoderConfig(**fields(CONFIG))
-            checkpoint = loading.checkpoint_in_memory(state, config, "original", "random weights")
+            checkpoint = in_memory(package)(state, config, "original", "random weights")
             streamed[name] = package.H3VideoDecoder.from_checkpoint(
                 checkpoint, device=DEVICE, dtype="fp16", fused=True, offload="blocks", gemm="cublas", attention="sdpa"
             )

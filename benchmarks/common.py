@@ -74,7 +74,8 @@ def random_released_vae(seed: int = 0):
 
 def ours_from(vae, dtype: str = "fp32") -> H3VideoDecoder:
     """Our decoder holding the diffusers VAE's weights (converted by the package's key table), on its device."""
-    from minimax_h3_vae.loading import checkpoint_in_memory, diffusers_config
+    from minimax_h3_vae.checkpoints import checkpoint_in_memory
+    from minimax_h3_vae.checkpoints.diffusers import diffusers_config
 
     config = diffusers_config(dict(vae.config))
     checkpoint = checkpoint_in_memory(

@@ -350,6 +350,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     run settings. Only then are the latents and the weights read, and the sound decoded before the video
     decoder is built.
     """
+    from .checkpoints import CheckpointError, load_checkpoint
     from .decoding import H3VideoDecoder
     from .latents import (
         check_latents,
@@ -359,7 +360,6 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         read_latents_header,
         swapped_axes,
     )
-    from .loading import CheckpointError, load_checkpoint
     from .memory import check_fits, plan
     from .runtime import resolve
     from .tiling import plan_chunks
@@ -509,8 +509,8 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
 
     from .audio.loading import DECODER_PREFIXES
     from .audio.loading import load_checkpoint as load_audio_checkpoint
+    from .checkpoints import CheckpointError
     from .latents import AUDIO_RATE_KEY, check_durations
-    from .loading import CheckpointError
     from .memory import audio_decode_bytes, check_bytes
     from .runtime import GIB
 
@@ -568,8 +568,8 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> outpu
     import torch
 
     from .audio.decoder import H3AudioDecoder
+    from .checkpoints import CheckpointError
     from .latents import read_audio_latents
-    from .loading import CheckpointError
 
     start = time.perf_counter()
     try:

@@ -28,11 +28,12 @@ from pathlib import Path
 import torch
 
 from . import memory
+from .checkpoints import Checkpoint, CheckpointError, checkpoint_in_memory, load_checkpoint
+from .checkpoints.comfyui import comfyui_config
 from .config import H3DecoderConfig
 from .decoding import H3VideoDecoder
 from .frames import NON_FINITE_FRAMES, to_unit_rgb
 from .latents import check_latents, denormalize_latents
-from .loading import Checkpoint, CheckpointError, checkpoint_in_memory, comfyui_config, load_checkpoint
 from .model import H3Decoder
 from .runtime import DecodeOptions, Runtime, resolve_call
 from .tiling import RELEASE_TILING, plan_chunks

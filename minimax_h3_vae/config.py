@@ -2,8 +2,9 @@
 
 It describes the model only; how a process runs it (fused ops, tile batch, tiling, offload, ranks) is a
 `runtime.Runtime`.
-Each released config file is mapped onto it by loading.py, beside its layout's detection and key map
-(docs/decoder.md section 2 lists the files and their fields).
+Each released config file is mapped onto it by its layout's module in checkpoints/, beside the layout's
+detection and key map (docs/decoder.md section 2 lists the files and their fields). The checks of fields
+that the audio decoder's config shares are at the end.
 """
 
 from __future__ import annotations
@@ -95,32 +96,17 @@ class H3DecoderConfig:
 
     def __post_init__(self):
         for name, (least, most) in _INT_FIELDS.items():
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most):
-                shown = (
-                    value
-                    if not isinstance(value, int) or abs(value) < 10**12
-                    else f"{str(value)[:6]}... ({len(str(value))} digits)"
-                )
-                raise ConfigError(f"{name} must be a whole number from {least} to {most}, got {shown}")
+            check_whole_number(name, getattr(self, name), least, most)
         for name, (low, high) in _FLOAT_FIELDS.items():
             value = getattr(self, name)
-            if not (_is_real(value) and low < value <= high):
+            if not (is_real(value) and low < value <= high):
                 raise ConfigError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.head_dim * self.rope_dim_ratio % 6:
             raise ConfigError(
                 f"rotary dims {self.head_dim} * {self.rope_dim_ratio} must split into 3 axes x (cos, sin) pairs"
             )
-        for name in ("latents_mean", "latents_std"):
-            values = getattr(self, name)
-            if not isinstance(values, (list, tuple)) or not all(_is_real(v) and math.isfinite(v) for v in values):
-                raise ConfigError(f"{name} must be a list of {self.latent_channels} finite numbers, got {values!r}")
-            if len(values) != self.latent_channels:
-                raise ConfigError(f"{name} has {len(values)} entries, expected {self.latent_channels}")
-            object.__setattr__(self, name, tuple(float(v) for v in values))
-        if min(self.latents_std) <= 0:
-            raise ConfigError(f"latents_std must be positive, got {min(self.latents_std)}")
+        set_latent_statistics(self)
 
     @property
     def dim(self) -> int:
@@ -162,16 +148,42 @@ class H3DecoderConfig:
     def replace(self, **changes) -> H3DecoderConfig:
         return dataclasses.replace(self, **changes)
 
-    # ---- mapping from the released config files -------------------------------------------------
+
+# ---- the checks of fields, shared with the audio decoder's config ---------------------------------------
 
 
-def _is_real(value) -> bool:
+def is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_whole_number(name: str, value, least: int, most: int) -> None:
+    """ConfigError unless `value` is an int (not a bool) in [least, most]; a huge one is shown shortened."""
+    if not (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most):
+        shown = (
+            value
+            if not isinstance(value, int) or abs(value) < 10**12
+            else f"{str(value)[:6]}... ({len(str(value))} digits)"
+        )
+        raise ConfigError(f"{name} must be a whole number from {least} to {most}, got {shown}")
+
+
+def set_latent_statistics(config) -> None:
+    """Check a frozen config's `latents_mean` / `latents_std` (one finite number per latent channel, the std
+    positive) and store them as tuples of floats."""
+    for name in ("latents_mean", "latents_std"):
+        values = getattr(config, name)
+        if not isinstance(values, (list, tuple)) or not all(is_real(v) and math.isfinite(v) for v in values):
+            raise ConfigError(f"{name} must be a list of {config.latent_channels} finite numbers, got {values!r}")
+        if len(values) != config.latent_channels:
+            raise ConfigError(f"{name} has {len(values)} entries, expected {config.latent_channels}")
+        object.__setattr__(config, name, tuple(float(v) for v in values))
+    if min(config.latents_std) <= 0:
+        raise ConfigError(f"latents_std must be positive, got {min(config.latents_std)}")
 
 
 # Whole-number fields and their range [least, most]: far beyond the released model (24 channels, 36 blocks,
 # 32 x 64 heads, 17-frame clips), and small enough that nothing is ever sized by an absurd number read from
-# a file; the tensors bound the model-sizing ones further (loading.py).
+# a file; the tensors bound the model-sizing ones further (checkpoints/checkpoint.py).
 _INT_FIELDS = {
     "latent_channels": (1, 1024),
     "out_channels": (1, 16),

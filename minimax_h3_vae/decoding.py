@@ -23,9 +23,10 @@ import torch
 
 from . import blocks, distributed, memory, tiling
 from .blocks import EAGER_OPS
+from .checkpoints import DEFAULT_REPO, Checkpoint, load_checkpoint
 from .config import H3DecoderConfig
 from .latents import check_latents
-from .loading import DEFAULT_REPO, Checkpoint, load_checkpoint, load_weights
+from .loading import load_weights
 from .model import H3Decoder
 from .offload import BlockStreamer
 from .runtime import (
@@ -80,8 +81,8 @@ class H3VideoDecoder(H3Decoder):
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, options: DecodeOptions | None = None, **fields) -> H3VideoDecoder:
-        """Build the decoder from a located checkpoint (`loading.load_checkpoint` or, for tensors already in
-        memory, `loading.checkpoint_in_memory`) with `options` as in `from_pretrained`."""
+        """Build the decoder from a located checkpoint (`checkpoints.load_checkpoint` or, for tensors already in
+        memory, `checkpoints.checkpoint_in_memory`) with `options` as in `from_pretrained`."""
         options = _options(options, fields, "of from_checkpoint")
         runtime = resolve(options, checkpoint.config, checkpoint.tiling)
         with torch.device("meta"):

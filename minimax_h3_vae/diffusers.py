@@ -17,9 +17,10 @@ import types
 import torch
 from torch import nn
 
+from .checkpoints import CheckpointError, checkpoint_in_memory
+from .checkpoints.diffusers import diffusers_config
 from .config import ConfigError
 from .decoding import H3VideoDecoder
-from .loading import CheckpointError, checkpoint_in_memory, diffusers_config
 from .runtime import OPTION_NAMES, DecodeOptions, check_option_names
 from .tiling import Tiling
 

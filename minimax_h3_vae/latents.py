@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from . import output
 from .audio.config import H3AudioDecoderConfig
 from .config import H3DecoderConfig
-from .reader import NotSafetensors, read_header, read_tensor
+from .reader import read_checked_header, read_header, read_tensor
 from .text import parse_number, parse_whole, shown
 from .tiling import plan_chunks
 
@@ -301,14 +301,7 @@ def read_latents_header(path: Path, audio: bool = True) -> LatentsFile:
     them. The file's other tensors are not looked at beyond their header entries."""
     check_latents_path(path)
     name = shown(path)
-    try:
-        header = read_header(path)
-    except OSError as error:
-        raise ValueError(f"{name}: cannot read it ({error.strerror})") from None
-    except NotSafetensors as error:
-        raise ValueError(f"{name}: {error}; give a latents .safetensors file") from None
-    except ValueError as error:
-        raise ValueError(f"{name}: not a readable .safetensors file ({error})") from None
+    header = read_checked_header(path, name, ValueError, "give a latents .safetensors file")
     keys = [key for key in header.tensors if key not in (COMFYUI_VERSION_KEY, AUDIO_KEY)]
     if "latents" in keys:
         key = "latents"

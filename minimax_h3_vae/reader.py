@@ -148,6 +148,21 @@ def read_header(path: str | os.PathLike) -> Header:
     return header
 
 
+def read_checked_header(
+    path: str | os.PathLike, name: str, error: type[Exception], other_format: str, damaged: str = ""
+) -> Header:
+    """`read_header`, each way it fails raised as `error(message)`: the message names the file (`name`), why,
+    and what to do: `other_format` for a file of another format, `damaged` after the reason for a damaged one."""
+    try:
+        return read_header(path)
+    except OSError as problem:
+        raise error(f"{name}: cannot read it ({problem.strerror})") from None
+    except NotSafetensors as problem:
+        raise error(f"{name}: {problem}; {other_format}") from None
+    except ValueError as problem:
+        raise error(f"{name}: not a readable safetensors file ({problem}){damaged}") from None
+
+
 def _entry(name: str, value) -> TensorEntry:
     try:
         dtype, shape, (begin, end) = value["dtype"], tuple(value["shape"]), value["data_offsets"]

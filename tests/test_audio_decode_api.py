@@ -9,7 +9,7 @@ import torch
 
 from minimax_h3_vae import H3AudioDecoder, H3VideoDecoder
 from minimax_h3_vae.audio.decoder import check_audio_latents
-from minimax_h3_vae.loading import CheckpointError
+from minimax_h3_vae.checkpoints import CheckpointError
 
 
 @pytest.fixture(scope="module")

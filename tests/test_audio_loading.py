@@ -18,8 +18,8 @@ from minimax_h3_vae import H3AudioDecoder
 from minimax_h3_vae.audio import loading
 from minimax_h3_vae.audio.config import RELEASED_AUDIO_LATENTS_MEAN, H3AudioDecoderConfig
 from minimax_h3_vae.audio.model import kaiser_sinc_filter
+from minimax_h3_vae.checkpoints import CheckpointError
 from minimax_h3_vae.config import ConfigError
-from minimax_h3_vae.loading import CheckpointError
 
 LAYOUTS = ("original", "diffusers", "comfyui")
 
@@ -125,7 +125,7 @@ def test_encoder_tensors_are_not_read(audio_layouts, monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(loading, "safe_open", Spy)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.stored.safe_open", Spy)
     for layout in LAYOUTS:
         load(audio_layouts[layout])
     assert read and all(

@@ -23,9 +23,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, loading, output, to_uint8_frames
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, output, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
 from minimax_h3_vae import latents as latents_module
+from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"
@@ -75,7 +76,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the check")
 
-    monkeypatch.setattr(loading, "load_checkpoint", refuse)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.load_checkpoint", refuse)
     monkeypatch.setattr(H3VideoDecoder, "from_pretrained", refuse)
 
 
@@ -86,7 +87,7 @@ def no_weights_read(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the weights were read before the check")
 
-    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(Checkpoint, "tensors", refuse)
     monkeypatch.setattr(H3VideoDecoder, "from_pretrained", refuse)
 
 
@@ -422,7 +423,7 @@ def test_absurd_config_is_refused_before_allocating(capsys, tmp_path, monkeypatc
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.mp4", "--model", model)
     assert code == 2 and time.monotonic() - start < 10
     assert "num_layers 1000 (the tensors hold 2 blocks)" in one_error_line(err)
-    with pytest.raises(loading.CheckpointError, match="num_layers 1000 "):
+    with pytest.raises(CheckpointError, match="num_layers 1000 "):
         H3VideoDecoder.from_pretrained(model, device="cpu")
 
 
@@ -688,8 +689,8 @@ def test_30_16_a_path_over_path_max_is_bad_input_before_decoding(capsys, tmp_pat
 
 
 def test_30_16_a_checkpoint_path_over_path_max_is_a_checkpoint_error():
-    with pytest.raises(loading.CheckpointError, match="cannot look there \\(File name too long\\)"):
-        loading.load_checkpoint(DEEP / "model")
+    with pytest.raises(CheckpointError, match="cannot look there \\(File name too long\\)"):
+        load_checkpoint(DEEP / "model")
 
 
 def lines_of(err: str) -> list[str]:

@@ -167,7 +167,7 @@ def host(monkeypatch):
 def reference_images(state: dict, z: torch.Tensor, tile_batch: int | None = None) -> torch.Tensor:
     """IMAGE frames of normalised latents z decoded by a decoder loaded from `state` (release names) as a
     file would load, in fp32 on the CPU: what every VAE node must give."""
-    from minimax_h3_vae.loading import checkpoint_in_memory
+    from minimax_h3_vae.checkpoints import checkpoint_in_memory
 
     _, config = comfy_stand_in.tiny_state()
     tensors = {k: v.float() for k, v in state.items()}

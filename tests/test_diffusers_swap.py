@@ -20,8 +20,9 @@ from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.modular_pipelines.minimax_h3.decoders import MiniMaxH3VideoDecodeStep
 
 from minimax_h3_vae import H3VideoDecoder, Tiling
+from minimax_h3_vae.checkpoints import checkpoint_in_memory
+from minimax_h3_vae.checkpoints.diffusers import diffusers_config
 from minimax_h3_vae.diffusers import SwapError, SwappedDecoder, swap_decoder
-from minimax_h3_vae.loading import checkpoint_in_memory, diffusers_config
 
 ATOL = 1e-5
 

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from test_cli_faults import SCRIPT, TINY, latents_file, one_error_line, run_cli, tree
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, comfyui, save_latents
+from minimax_h3_vae.checkpoints import CheckpointError, load_checkpoint
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
-from minimax_h3_vae.loading import CheckpointError, load_checkpoint
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from hub_cache import add_repo, offline_cache, record_downloads
 
 from minimax_h3_vae import H3AudioDecoder, H3VideoDecoder
 from minimax_h3_vae.audio import loading as audio_loading
-from minimax_h3_vae.loading import CheckpointError
+from minimax_h3_vae.checkpoints import CheckpointError
 
 
 def video_files(layouts) -> dict:

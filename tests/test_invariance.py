@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, memory
-from minimax_h3_vae.loading import checkpoint_in_memory
+from minimax_h3_vae.checkpoints import checkpoint_in_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_worker import latents as worker_latents  # noqa: E402

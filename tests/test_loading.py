@@ -2,7 +2,7 @@
 
 The weights come from the session's random diffusers oracle (tests/checkpoints.py), written in the three
 on-disk layouts. Expected values are taken from the oracle's own tensors and config, never from the
-package's key table, so a wrong row in `minimax_h3_vae.loading` shows up here.
+package's key table, so a wrong row in `minimax_h3_vae.checkpoints.diffusers` shows up here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, loading
-from minimax_h3_vae.loading import CheckpointError
+from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae.checkpoints import CheckpointError, load_checkpoint
+from minimax_h3_vae.checkpoints.files import DIFFUSERS_INDEX
+from minimax_h3_vae.checkpoints.locate import download
+from minimax_h3_vae.checkpoints.original import original_config
 
 BLOCK_LINEAR = re.compile(r"decoder\.transformer_blocks\.\d+\.(attn\.(to_qkv|to_out)|ff\.(w1|w2))\.(weight|bias)")
 
@@ -71,7 +75,7 @@ def rewrite_tensors(path: Path, edit) -> None:
 
 
 def shard_of(folder: Path, key: str) -> Path:
-    index = json.loads((folder / loading.DIFFUSERS_INDEX).read_text())
+    index = json.loads((folder / DIFFUSERS_INDEX).read_text())
     return folder / index["weight_map"][key]
 
 
@@ -81,7 +85,7 @@ def shard_of(folder: Path, key: str) -> Path:
 @pytest.mark.parametrize("name", SOURCE_NAMES)
 def test_layout_loads(sources, oracle_vae, name):
     path, layout = sources[name]
-    assert loading.load_checkpoint(path).layout == layout
+    assert load_checkpoint(path).layout == layout
     model = H3VideoDecoder.from_pretrained(path, device="cpu")
     c = oracle_vae.config
     assert model.config.num_layers == c.decoder_num_layers == len(model.decoder.transformer_blocks)
@@ -194,7 +198,7 @@ class RecordingHandle:
 
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
 def test_encoder_tensors_are_not_read(layouts, monkeypatch, layout):
-    real_open = loading.safe_open
+    real_open = safe_open
     read: list[str] = []
     stored: list[str] = []
 
@@ -203,7 +207,7 @@ def test_encoder_tensors_are_not_read(layouts, monkeypatch, layout):
         stored.extend(handle.keys())
         return RecordingHandle(handle, read)
 
-    monkeypatch.setattr(loading, "safe_open", recording_open)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.stored.safe_open", recording_open)
     H3VideoDecoder.from_pretrained(layouts[layout], device="cpu")
     # the files do hold encoder tensors, and the spy does see the decoder being read
     assert any(k.startswith("encoder.") for k in stored)
@@ -435,7 +439,7 @@ def test_invalid_json_original(layouts, tmp_path, which):
     assert "not valid JSON" in message and str(folder / which) in message
 
 
-@pytest.mark.parametrize("which", ["config.json", loading.DIFFUSERS_INDEX])
+@pytest.mark.parametrize("which", ["config.json", DIFFUSERS_INDEX])
 def test_invalid_json_diffusers(layouts, tmp_path, which):
     folder = tmp_path / "vae"
     shutil.copytree(layouts["diffusers"], folder)
@@ -453,7 +457,9 @@ def edit_json(path: Path, edit) -> None:
 def asks_hub(monkeypatch) -> list:
     """Record each time the loader asks whether the hub can be reached (answer: no)."""
     asked = []
-    monkeypatch.setattr(loading, "_hub_reachable", lambda endpoint: asked.append(endpoint) or False)
+    monkeypatch.setattr(
+        "minimax_h3_vae.checkpoints.hub.hub_reachable", lambda endpoint: asked.append(endpoint) or False
+    )
     return asked
 
 
@@ -472,7 +478,7 @@ def test_hub_branch_revision_asks_the_hub_first(hub_unreachable, layouts, refere
     (add, calls), attempts = hub_unreachable
     add("Org/Original", original_files(layouts))
     asked = asks_hub(monkeypatch)
-    loading.load_checkpoint("Org/Original")
+    load_checkpoint("Org/Original")
     assert asked == []
     model = H3VideoDecoder.from_pretrained("Org/Original", device="cpu", revision="main")
     assert len(asked) == 1
@@ -481,7 +487,7 @@ def test_hub_branch_revision_asks_the_hub_first(hub_unreachable, layouts, refere
 
 def test_revision_of_a_local_path_is_an_error(layouts):
     with pytest.raises(CheckpointError, match="is a local path; a revision .'main'. applies to hub repo ids only"):
-        loading.load_checkpoint(layouts["original"], revision="main")
+        load_checkpoint(layouts["original"], revision="main")
 
 
 def test_hub_branch_revision_offline(fake_hub, layouts, reference_state):
@@ -547,7 +553,6 @@ def test_unsupported_diffusers_config(layouts, tmp_path, edit, words):
 
 def test_config_error_is_a_value_error_naming_the_setting():
     from minimax_h3_vae.config import ConfigError
-    from minimax_h3_vae.loading import original_config
 
     with pytest.raises(ConfigError, match="norm_type='layer_norm' is not supported"):
         original_config({}, {"vit_decoder_kwargs": {"norm_type": "layer_norm"}})
@@ -556,7 +561,10 @@ def test_config_error_is_a_value_error_naming_the_setting():
 
 
 def test_path_that_does_not_exist(tmp_path, no_network, monkeypatch):
-    monkeypatch.setattr(loading, "_download", lambda *a: pytest.fail("treated a missing path as a repo id"))
+    def refuse(*args):
+        pytest.fail("treated a missing path as a repo id")
+
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.locate.download", refuse)
     missing = tmp_path / "no" / "such" / "checkpoint"
     message = load_error(missing)
     assert "no such file or folder" in message and str(missing) in message
@@ -581,7 +589,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch, no_network):
-    """An HF cache in tmp_path, offline; returns add(repo_id, {path in repo: local file}) and the _download log."""
+    """An HF cache in tmp_path, offline; returns add(repo_id, {path in repo: local file}) and the downloads log."""
     import huggingface_hub.constants
 
     cache = tmp_path / "hf_home" / "hub"
@@ -593,13 +601,12 @@ def fake_hub(tmp_path, monkeypatch, no_network):
     monkeypatch.chdir(tmp_path)  # so that "Org/Name" is not a local path by accident
 
     calls = []
-    real_download = loading._download
 
     def spy(repo_id, revision):
         calls.append(repo_id)
-        return real_download(repo_id, revision)
+        return download(repo_id, revision)
 
-    monkeypatch.setattr(loading, "_download", spy)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.locate.download", spy)
 
     def add(repo_id: str, files: dict[str, Path]) -> Path:
         repo = cache / ("models--" + repo_id.replace("/", "--"))
@@ -635,7 +642,7 @@ def assert_same_state(model, reference_state):
 def test_hub_original_layout(fake_hub, layouts, reference_state):
     add, calls = fake_hub
     snapshot = add("Org/Original", original_files(layouts))
-    checkpoint = loading.load_checkpoint("Org/Original")
+    checkpoint = load_checkpoint("Org/Original")
     assert calls == ["Org/Original"]
     assert checkpoint.layout == "original"
     assert set(checkpoint.files.values()) == {snapshot / "FL2VA/video_vae/source/model.safetensors"}
@@ -653,7 +660,7 @@ def test_hub_original_layout_pinned_revision(fake_hub, layouts, reference_state)
 def test_hub_diffusers_only_falls_back(fake_hub, layouts, reference_state):
     add, calls = fake_hub
     snapshot = add("Org/DiffusersOnly", diffusers_files(layouts))
-    checkpoint = loading.load_checkpoint("Org/DiffusersOnly")
+    checkpoint = load_checkpoint("Org/DiffusersOnly")
     assert calls == ["Org/DiffusersOnly"]
     assert checkpoint.layout == "diffusers"
     assert {p.parent for p in checkpoint.files.values()} == {snapshot / "vae"}
@@ -726,8 +733,8 @@ def test_hub_cached_repo_loads_without_network(hub_unreachable, layouts, referen
     add("Org/Original", original_files(layouts))
     add("Org/DiffusersOnly", diffusers_files(layouts))
     start = time.monotonic()
-    assert loading.load_checkpoint("Org/Original").layout == "original"
-    assert loading.load_checkpoint("Org/DiffusersOnly").layout == "diffusers"
+    assert load_checkpoint("Org/Original").layout == "original"
+    assert load_checkpoint("Org/DiffusersOnly").layout == "diffusers"
     assert time.monotonic() - start < 3 and attempts == []
     assert_same_state(H3VideoDecoder.from_pretrained("Org/Original", device="cpu"), reference_state)
 
@@ -769,7 +776,7 @@ def test_hub_cached_config_that_is_broken(fake_hub, layouts, content, words):
     snapshot = add("Org/Broken", original_files(layouts))
     (snapshot / "FL2VA/video_vae/config.json").write_text(content)
     with pytest.raises(CheckpointError, match=words):
-        loading.load_checkpoint("Org/Broken")
+        load_checkpoint("Org/Broken")
 
 
 @pytest.mark.parametrize(

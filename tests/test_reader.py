@@ -150,7 +150,7 @@ def test_checkpoint_header_faults_are_found_with_the_headers(layouts, tmp_path, 
     any weight is read; the message names the file."""
     import shutil
 
-    from minimax_h3_vae import loading
+    from minimax_h3_vae.checkpoints import CheckpointError, load_checkpoint
 
     folder = tmp_path / "video_vae"
     shutil.copytree(layouts["original"], folder)
@@ -169,9 +169,9 @@ def test_checkpoint_header_faults_are_found_with_the_headers(layouts, tmp_path, 
     elif name == "metadata_list":
         raw = json.dumps({"__metadata__": [], **text})
     write_text_header(weights, raw, 0, data + (b"xx" if name == "trailing_bytes" else b""))
-    monkeypatch.setattr(loading, "safe_open", lambda *a, **k: pytest.fail("a weight was read"))
-    with pytest.raises(loading.CheckpointError, match="model.safetensors: not a readable safetensors file"):
-        loading.load_checkpoint(folder)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.stored.safe_open", lambda *a, **k: pytest.fail("a weight was read"))
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
+        load_checkpoint(folder)
 
 
 # ---- reading onto a CUDA device ----------------------------------------------------------------------------

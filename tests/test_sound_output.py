@@ -182,12 +182,12 @@ def test_safetensors_holds_the_sound(tmp_path, capsys):
 def test_wav_is_the_sound_alone_exactly(tmp_path, capsys, monkeypatch):
     """A .wav OUT: 32-bit float PCM, the decoder's samples exactly; the video checkpoint is not opened and the
     video latents are not read."""
-    from minimax_h3_vae import latents, loading
+    from minimax_h3_vae import latents
 
     def refuse(*args, **kwargs):
         raise AssertionError("the video was touched")
 
-    monkeypatch.setattr(loading, "load_checkpoint", refuse)
+    monkeypatch.setattr("minimax_h3_vae.checkpoints.load_checkpoint", refuse)
     monkeypatch.setattr(latents, "read_latents", refuse)
     source, out = clip(tmp_path), tmp_path / "s.wav"
     code, err = run(capsys, source, out)
@@ -239,7 +239,7 @@ def test_no_audio_vae_found_is_bad_input_before_decoding(tmp_path, capsys, monke
     makes it work."""
     from checkpoints import write_comfyui
 
-    from minimax_h3_vae import loading
+    from minimax_h3_vae.checkpoints import Checkpoint
 
     if where == "comfyui":
         model = write_comfyui(tmp_path / "minimax_h3_video_vae_fp16.safetensors", oracle_vae)
@@ -248,19 +248,19 @@ def test_no_audio_vae_found_is_bad_input_before_decoding(tmp_path, capsys, monke
         model = tmp_path / "root" / ("video_vae" if where == "lonely folder" else "")
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
-    real_tensors = loading.Checkpoint.tensors
+    real_tensors = Checkpoint.tensors
 
     def refuse(*args, **kwargs):
         raise AssertionError("weights were read before the check")
 
-    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(Checkpoint, "tensors", refuse)
     code, err = run(capsys, clip(tmp_path), out, "--model", model)
     line = one_error_line(err)
     assert code == 2 and "--audio-model SOURCE" in line and "--no-audio" in line, line
     if where != "root without audio":
         assert "holds audio latents (2, 32, 15)" in line and "has no audio VAE" in line, line
     assert out.read_bytes() == OLD
-    monkeypatch.setattr(loading.Checkpoint, "tensors", real_tensors)
+    monkeypatch.setattr(Checkpoint, "tensors", real_tensors)
     if where == "comfyui":
         code, err = run(capsys, clip(tmp_path), out, "--model", model, "--audio-model", TINY / "audio_vae")
         assert code == 0, err
@@ -295,12 +295,12 @@ def test_a_sample_rate_other_than_the_audio_vaes_is_refused(tmp_path, capsys):
 def test_audio_and_video_of_different_durations_are_refused(tmp_path, capsys, monkeypatch, latents, flags, words):
     """From the shapes and the frame rate alone: exit 2 before any weight is read, the rule and the fix in the
     line, the old OUT untouched."""
-    from minimax_h3_vae import loading
+    from minimax_h3_vae.checkpoints import Checkpoint
 
     def refuse(*args, **kwargs):
         raise AssertionError("weights were read before the check")
 
-    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(Checkpoint, "tensors", refuse)
     monkeypatch.setattr(audio_loading.AudioCheckpoint, "tensors", refuse)
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
@@ -402,12 +402,12 @@ def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys
 def test_an_audio_encoder_that_refuses_is_found_before_decoding(tmp_path, capsys, monkeypatch):
     """The same refusal in the preflight (one AAC frame of silence with the test frame): exit 2, ffmpeg's reason."""
     monkeypatch.setattr(output, "SOUND_INPUT", ["-f", "wav"])
-    from minimax_h3_vae import loading
+    from minimax_h3_vae.checkpoints import Checkpoint
 
     def refuse(*args, **kwargs):
         raise AssertionError("weights were read before the check")
 
-    monkeypatch.setattr(loading.Checkpoint, "tensors", refuse)
+    monkeypatch.setattr(Checkpoint, "tensors", refuse)
     code, err = run(capsys, clip(tmp_path), tmp_path / "v.mp4")
     assert code == 2 and "ffmpeg cannot encode 32x32 frames and 32000 Hz sound" in one_error_line(err)
 

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..config import ConfigError
+from ..config import ConfigError, check_whole_number, set_latent_statistics
 
 # Per-channel statistics of the released audio latents (audio_vae/config.json, as diffusers' pipeline reads
 # them). The pipeline's audio latents are normalised with them; the decoder consumes `z * std + mean`.
@@ -114,7 +114,7 @@ class H3AudioDecoderConfig:
 
     def __post_init__(self):
         for name, (least, most) in _INT_FIELDS.items():
-            _check_int(name, getattr(self, name), least, most)
+            check_whole_number(name, getattr(self, name), least, most)
         for name in ("upsample_rates", "upsample_kernel_sizes", "resblock_kernel_sizes"):
             object.__setattr__(self, name, _int_tuple(name, getattr(self, name), 1, _MAX_KERNEL))
         dilations = self.resblock_dilations
@@ -124,15 +124,7 @@ class H3AudioDecoderConfig:
             self, "resblock_dilations", tuple(_int_tuple("resblock_dilations", d, 1, _MAX_KERNEL) for d in dilations)
         )
         self._check_geometry()
-        for name in ("latents_mean", "latents_std"):
-            values = getattr(self, name)
-            if not isinstance(values, (list, tuple)) or not all(_is_real(v) and math.isfinite(v) for v in values):
-                raise ConfigError(f"{name} must be a list of {self.latent_channels} finite numbers, got {values!r}")
-            if len(values) != self.latent_channels:
-                raise ConfigError(f"{name} has {len(values)} entries, expected {self.latent_channels}")
-            object.__setattr__(self, name, tuple(float(v) for v in values))
-        if min(self.latents_std) <= 0:
-            raise ConfigError(f"latents_std must be positive, got {min(self.latents_std)}")
+        set_latent_statistics(self)
 
     def _check_geometry(self) -> None:
         rates, kernels = self.upsample_rates, self.upsample_kernel_sizes
@@ -178,21 +170,11 @@ class H3AudioDecoderConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_int(name: str, value, least: int, most: int) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most):
-        shown = value if not isinstance(value, int) or abs(value) < 10**12 else f"{str(value)[:6]}..."
-        raise ConfigError(f"{name} must be a whole number from {least} to {most}, got {shown}")
-
-
 def _int_tuple(name: str, values, least: int, most: int) -> tuple[int, ...]:
     if not isinstance(values, (list, tuple)) or not values or len(values) > _MAX_STAGES:
         raise ConfigError(f"{name} must be a list of 1 to {_MAX_STAGES} whole numbers, got {values!r}")
     for value in values:
-        _check_int(f"each of {name}", value, least, most)
+        check_whole_number(f"each of {name}", value, least, most)
     return tuple(values)
 
 

@@ -27,23 +27,21 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ..config import ConfigError
-from ..loading import (
-    DEFAULT_REPO,
-    DIFFUSERS_INDEX,
-    DIFFUSERS_SINGLE,
+from ..checkpoints.files import (
     CheckpointError,
-    _decoder_shards,
-    _expect,
-    _expect_object,
-    _fields,
-    _headers,
-    _inside,
-    _looks_like_repo_id,
-    _read_json,
-    diffusers_locator,
-    hub_snapshot,
+    diffusers_weights,
+    expect,
+    expect_object,
+    fields,
+    first_folder,
+    headers,
+    inside,
+    read_json,
+    single_file,
 )
+from ..checkpoints.hub import DEFAULT_REPO, diffusers_locator, hub_snapshot, local_or_fetched
+from ..checkpoints.stored import StoredCheckpoint
+from ..config import ConfigError
 from .config import (
     RELEASED_RESBLOCK_DILATIONS,
     RELEASED_RESBLOCK_KERNEL_SIZES,
@@ -65,14 +63,12 @@ RELEASED_SAMPLE_RATE = 32000
 
 
 @dataclass
-class AudioCheckpoint:
+class AudioCheckpoint(StoredCheckpoint):
     """A located audio checkpoint: its layout, decoder config, and which file holds each stored key."""
 
-    layout: str  # "original", "diffusers" or "comfyui"
     config: H3AudioDecoderConfig
-    files: dict[str, Path]  # stored key -> safetensors file
-    shapes: dict[str, tuple[int, ...]]  # stored key -> shape, from the file headers
-    origin: str  # what the user gave, for messages
+
+    prefixes = DECODER_PREFIXES
 
     def sources(self, key: str) -> tuple[str, ...]:
         """The stored key(s) of one of the decoder's keys: (g, v) for a weight-normed conv's `weight` outside the
@@ -89,28 +85,17 @@ class AudioCheckpoint:
         therefore computed (`kaiser_sinc_filter`): it is fixed by the architecture."""
         return self.layout == "comfyui" and key.endswith(".filter") and key not in self.shapes
 
-    def check(self, expected: dict[str, tuple[int, ...]]) -> None:
-        """Fail, naming the tensor, on a missing, unexpected or mis-shaped decoder tensor. Reads no data."""
-        used = set()
-        for key, shape in expected.items():
-            if self.computed(key):
-                continue
-            stored = self.sources(key)
-            for name, want in zip(stored, _stored_shapes(shape, len(stored))):
-                if name not in self.shapes:
-                    raise CheckpointError(f"{self.origin}: missing tensor {name!r} ({self.layout} layout)")
-                if self.shapes[name] != want:
-                    raise CheckpointError(
-                        f"{self.origin}: tensor {name!r} has shape {list(self.shapes[name])}, "
-                        f"this config expects {list(want)}"
-                    )
-                used.add(name)
-        unexpected = sorted(k for k in self.shapes if k.startswith(DECODER_PREFIXES) and k not in used)
-        if unexpected:
-            raise CheckpointError(
-                f"{self.origin}: unexpected decoder tensor(s) {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
-                " (not in a decoder of this config; is this a different model?)"
-            )
+    def stored_shapes(self, key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        """The stored tensor itself, or weight norm's (g, v), with g one value per slice of dim 0 (torch's
+        weight_norm with dim=0, for a conv and a transposed conv alike); none for a computed filter."""
+        if self.computed(key):
+            return []
+        stored = self.sources(key)
+        shapes = [shape] if len(stored) == 1 else [(shape[0], *[1] * (len(shape) - 1)), shape]
+        return list(zip(stored, shapes))
+
+    def stray_hint(self) -> str:
+        return "not in a decoder of this config"
 
     def tensors(self, expected: dict[str, tuple[int, ...]], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
         """(decoder key, float32 tensor on `device`) for every expected key, read one at a time from disk; a
@@ -122,50 +107,23 @@ class AudioCheckpoint:
                 if self.computed(key):
                     yield key, kaiser_sinc_filter().to(device)
                     continue
-                parts = [self._read(handles, name).to(device=device, dtype=torch.float32) for name in self.sources(key)]
+                parts = [self.read(handles, name).to(device=device, dtype=torch.float32) for name in self.sources(key)]
                 yield key, parts[0] if len(parts) == 1 else torch._weight_norm(parts[1], parts[0], 0)
         finally:
             handles.clear()
 
-    def _read(self, handles: dict, name: str) -> torch.Tensor:
-        path = self.files[name]
-        try:
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt", device="cpu")
-            return handles[path].get_tensor(name)
-        except Exception as error:  # safetensors raises its own error types for truncated or corrupt files
-            raise CheckpointError(
-                f"{path}: cannot read tensor {name!r} ({error}); the file may be truncated or corrupt: "
-                "download it again"
-            ) from error
-
-
-def _stored_shapes(shape: tuple[int, ...], parts: int) -> list[tuple[int, ...]]:
-    """The stored shapes of a tensor of `shape` kept in `parts` tensors: itself, or weight norm's (g, v), with g
-    one value per slice of dim 0 (torch's weight_norm with dim=0, for a conv and a transposed conv alike)."""
-    return [shape] if parts == 1 else [(shape[0], *[1] * (len(shape) - 1)), shape]
-
 
 def load_checkpoint(source: str | os.PathLike = DEFAULT_REPO, revision: str | None = None) -> AudioCheckpoint:
     """Locate an audio checkpoint (local path or hub repo id) and read its config and tensor headers."""
-    path = Path(os.fspath(source)).expanduser()
-    if path.exists():
-        if revision is not None:
-            raise CheckpointError(f"{source}: is a local path; a revision ({revision!r}) applies to hub repo ids only")
-        return _open_local(path, str(source))
-    if _looks_like_repo_id(str(source)):
-        return _open_folder(_download(str(source), revision), str(source))
-    raise CheckpointError(f"{source}: no such file or folder, and not a hub repo id (like {DEFAULT_REPO})")
+    path, fetched = local_or_fetched(source, revision, download)
+    return (_open_folder if fetched else _open_local)(path, str(source))
 
 
 def _open_local(path: Path, origin: str) -> AudioCheckpoint:
-    if path.is_file():
-        if path.suffix != ".safetensors":
-            raise CheckpointError(f"{origin}: a single-file checkpoint must be a .safetensors file")
+    if single_file(path, origin):
         return _open_comfyui(path, origin)
-    for sub in ORIGINAL_SUBFOLDERS:
-        if (path / sub / "config.json").is_file():
-            return _open_folder(path / sub, origin)
+    if (folder := first_folder(path, ORIGINAL_SUBFOLDERS)) is not None:
+        return _open_folder(folder, origin)
     if (path / "config.json").is_file():
         return _open_folder(path, origin)
     raise CheckpointError(
@@ -177,7 +135,7 @@ def _open_local(path: Path, origin: str) -> AudioCheckpoint:
 
 def _open_folder(folder: Path, origin: str) -> AudioCheckpoint:
     """An audio_vae/ folder: diffusers' when its config.json names diffusers' class, else the original."""
-    config = _read_json(folder / "config.json", origin)
+    config = read_json(folder / "config.json", origin)
     name = config.get("_class_name")
     if name == DIFFUSERS_CLASS:
         return _open_diffusers(folder, config, origin)
@@ -226,7 +184,7 @@ def expected_shapes(config: H3AudioDecoderConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _located(layout: str, config: H3AudioDecoderConfig, files: list[Path], origin: str) -> AudioCheckpoint:
-    where, shapes = _headers(files, origin, DECODER_PREFIXES)
+    where, shapes = headers(files, origin, DECODER_PREFIXES)
     checkpoint = AudioCheckpoint(layout, config, where, shapes, origin)
     _check_against_tensors(config, checkpoint, expected_shapes(config))
     return checkpoint
@@ -256,18 +214,18 @@ def original_config(wrapper: dict[str, Any], metadata: dict[str, Any]) -> H3Audi
     kernels 3 7 11 with dilations 1 3 5 at 32 kHz); `decoder_rates` must agree with it. `latent_dim` is the
     encoder's width, `encoder_dim * 2 ** len(encoder_rates)` (2048), which a stated `latent_dim` must equal.
     """
-    _expect_object(wrapper, "audio_vae/config.json")
-    _expect_object(metadata, "audio_vae/metadata.json")
+    expect_object(wrapper, "audio_vae/config.json")
+    expect_object(metadata, "audio_vae/metadata.json")
     kwargs = metadata.get("metadata", {})
-    _expect_object(kwargs, "metadata.json: metadata")
+    expect_object(kwargs, "metadata.json: metadata")
     kwargs = kwargs.get("kwargs", {})
-    _expect_object(kwargs, "metadata.json: metadata.kwargs")
+    expect_object(kwargs, "metadata.json: metadata.kwargs")
     unknown = set(kwargs) - _ORIGINAL_KWARGS
     if unknown:
         raise ConfigError(f"metadata.json kwargs has settings this decoder does not implement: {sorted(unknown)}")
-    _expect(kwargs, "metadata.json kwargs", decoder_type="bigvgan", sample_rate=RELEASED_SAMPLE_RATE)
-    _expect(kwargs, "metadata.json kwargs", decoder_rates=list(RELEASED_UPSAMPLE_RATES))
-    _expect(wrapper, "audio_vae/config.json", sample_rate=RELEASED_SAMPLE_RATE)
+    expect(kwargs, "metadata.json kwargs", decoder_type="bigvgan", sample_rate=RELEASED_SAMPLE_RATE)
+    expect(kwargs, "metadata.json kwargs", decoder_rates=list(RELEASED_UPSAMPLE_RATES))
+    expect(wrapper, "audio_vae/config.json", sample_rate=RELEASED_SAMPLE_RATE)
     encoder_dim, encoder_rates = kwargs.get("encoder_dim", 64), kwargs.get("encoder_rates", [2, 4, 4, 5, 5])
     if not (type(encoder_dim) is int and isinstance(encoder_rates, list) and 1 <= encoder_dim <= 2**16):
         raise ConfigError(
@@ -275,7 +233,7 @@ def original_config(wrapper: dict[str, Any], metadata: dict[str, Any]) -> H3Audi
             f"give latent_dim), got {encoder_dim!r} and {encoder_rates!r}"
         )
     latent_dim = encoder_dim * 2 ** min(len(encoder_rates), 32)
-    _expect(kwargs, "metadata.json kwargs", latent_dim=latent_dim)
+    expect(kwargs, "metadata.json kwargs", latent_dim=latent_dim)
     channels = kwargs.get("vae_latent_channels", 32)
     if wrapper.get("latent_channels", channels) != channels:
         raise ConfigError("audio_vae/config.json and metadata.json disagree on the latent channels")
@@ -288,7 +246,7 @@ def original_config(wrapper: dict[str, Any], metadata: dict[str, Any]) -> H3Audi
         resblock_kernel_sizes=RELEASED_RESBLOCK_KERNEL_SIZES,
         resblock_dilations=RELEASED_RESBLOCK_DILATIONS,
         sample_rate=RELEASED_SAMPLE_RATE,
-        **_fields(wrapper, {name: name for name in STATS}),
+        **fields(wrapper, {name: name for name in STATS}),
     )
 
 
@@ -299,7 +257,7 @@ def _original_files(folder: Path, wrapper: dict[str, Any], origin: str) -> tuple
         value = wrapper.get(key, default)
         if not isinstance(value, str) or not value:
             raise CheckpointError(f"{origin}: {folder / 'config.json'}: {key} must be a file name, got {value!r}")
-        names.append(_inside(folder, value, origin))
+        names.append(inside(folder, value, origin))
     return names[0], names[1]
 
 
@@ -311,7 +269,7 @@ def _open_original(folder: Path, wrapper: dict[str, Any], origin: str) -> AudioC
             "and model.safetensors (is this the audio VAE's folder?)"
         )
     try:
-        config = original_config(wrapper, _read_json(metadata_path, origin))
+        config = original_config(wrapper, read_json(metadata_path, origin))
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     return _located("original", config, [weights], origin)
@@ -351,13 +309,13 @@ _DIFFUSERS_KEYS = {
 def diffusers_config(config: dict[str, Any]) -> H3AudioDecoderConfig:
     """diffusers `audio_vae/config.json` of `AutoencoderKLMiniMaxH3Audio`; a field it leaves out keeps diffusers'
     default, which is the released value."""
-    _expect_object(config, "audio_vae/config.json")
+    expect_object(config, "audio_vae/config.json")
     unknown = set(config) - _DIFFUSERS_KEYS
     if unknown:
         raise ConfigError(f"audio_vae/config.json has settings this decoder does not implement: {sorted(unknown)}")
     if "sample_rate" in config and config["sample_rate"] != config.get("sampling_rate", RELEASED_SAMPLE_RATE):
         raise ConfigError("audio_vae/config.json: sample_rate and sampling_rate disagree")
-    return H3AudioDecoderConfig(**_fields(config, _DIFFUSERS_FIELDS))
+    return H3AudioDecoderConfig(**fields(config, _DIFFUSERS_FIELDS))
 
 
 def _open_diffusers(folder: Path, config: dict[str, Any], origin: str) -> AudioCheckpoint:
@@ -365,19 +323,14 @@ def _open_diffusers(folder: Path, config: dict[str, Any], origin: str) -> AudioC
         decoder_config = diffusers_config(config)
     except ConfigError as error:
         raise CheckpointError(f"{origin}: {error}") from None
-    index = folder / DIFFUSERS_INDEX
-    if index.is_file():
-        files = [_inside(folder, name, origin) for name in _decoder_shards(index, origin, DECODER_PREFIXES)]
-    else:
-        files = [folder / DIFFUSERS_SINGLE]
-    return _located("diffusers", decoder_config, files, origin)
+    return _located("diffusers", decoder_config, diffusers_weights(folder, origin, DECODER_PREFIXES), origin)
 
 
 # ---- ComfyUI layout: one .safetensors file, weight norm folded, no config -----------------------------------------
 
 
 def _open_comfyui(path: Path, origin: str) -> AudioCheckpoint:
-    where, shapes = _headers([path], origin, DECODER_PREFIXES)
+    where, shapes = headers([path], origin, DECODER_PREFIXES)
     for name in ("dec_in_proj.weight", "decoder.conv_pre.weight"):
         if name not in shapes:
             raise CheckpointError(f"{origin}: no {name}: not a MiniMax-H3 audio VAE file")
@@ -404,9 +357,9 @@ def _open_comfyui(path: Path, origin: str) -> AudioCheckpoint:
 # ---- the hub -----------------------------------------------------------------------------------------------------
 
 
-def _download(repo_id: str, revision: str | None) -> Path:
+def download(repo_id: str, revision: str | None) -> Path:
     """Fetch only the audio VAE's files (original layout, else diffusers) into the HF cache, by the video
-    loader's policy (`loading.hub_snapshot`: the cache first for no revision or a commit)."""
+    loader's policy (`checkpoints.hub.hub_snapshot`: the cache first for no revision or a commit)."""
     return hub_snapshot(
         repo_id,
         revision,
@@ -419,7 +372,7 @@ def _locate_original(repo_id: str, fetch: Callable[[str], Path], local_only: boo
     """`FL2VA/audio_vae/`: config.json, then the metadata and weights files it names; returns the folder."""
     sub = ORIGINAL_SUBFOLDERS[0]
     config = fetch(f"{sub}/config.json")
-    metadata, weights = _original_files(config.parent, _read_json(config, repo_id), repo_id)
+    metadata, weights = _original_files(config.parent, read_json(config, repo_id), repo_id)
     for path in (metadata, weights):
         fetch(f"{sub}/{path.relative_to(config.parent).as_posix()}")
     return config.parent
