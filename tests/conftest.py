@@ -15,7 +15,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-REPO = Path(__file__).resolve().parents[1]
 
 from checkpoints import random_diffusers_vae, write_comfyui, write_diffusers, write_original  # noqa: E402
 
@@ -94,3 +93,9 @@ def audio_layouts(tmp_path_factory, audio_oracle) -> dict[str, Path]:
         "diffusers": write_diffusers(root / "audio_vae", audio_oracle, shards=3),
         "comfyui": write_comfyui(root / "comfyui" / "minimax_h3_audio_vae_fp32.safetensors", audio_oracle),
     }
+
+
+@pytest.fixture
+def eager_offline(no_network, monkeypatch):
+    """Offline and on the eager path (MINIMAX_H3_VAE_FUSED=0): the command's runs on the tiny decoder."""
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo import REPO, TINY
 from safetensors.torch import load_file, save_file
+from torchrun_runs import torchrun
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.distributed import plan_tile_calls, split_balanced
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
-WORKER = Path(__file__).with_name("distributed_worker.py")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distributed_worker import latents  # noqa: E402
@@ -51,20 +50,6 @@ def test_tile_calls_cover_every_tile_once(tiles, ranks, tile_batch):
         assert [call for calls in plan for call in calls] == single, "the same calls as on one process"
         calls_per_rank = [len(calls) for calls in plan]
         assert max(calls_per_rank) - min(calls_per_rank) <= 1, "balanced in decoder calls"
-
-
-def torchrun(*args, ranks=2, timeout=240):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(WORKER),
-        *map(str, args),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from command_runs import run_cli, small_latents
 
 pytest.importorskip("triton")
 
@@ -176,3 +177,19 @@ def test_a_kernel_outside_its_contract_is_named():
         ops = fused.select_ops(config, torch.device(DEVICE), torch.float16)
     assert ops.qk_rms_norm_rope is EAGER_OPS.qk_rms_norm_rope
     assert ops.rms_norm is not EAGER_OPS.rms_norm
+
+
+# ---- the command's summary of what runs ----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("eager_offline")
+def test_the_commands_ops_line_names_what_runs(capsys, tmp_path, monkeypatch):
+    """MINIMAX_H3_VAE_FUSED=1 where no kernel can run (the CPU without the Triton interpreter): the line says
+    eager, as the decode runs, not fused."""
+    from minimax_h3_vae import fused
+    from minimax_h3_vae.blocks import EAGER_OPS
+
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
+    monkeypatch.setattr(fused, "select_ops", lambda *args: EAGER_OPS)
+    code, err = run_cli(capsys, small_latents(tmp_path), tmp_path / "o.safetensors")
+    assert code == 0 and "eager ops" in err and "fused ops" not in err

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo import REPO, TINY
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, memory
 from minimax_h3_vae.loading import checkpoint_in_memory
@@ -26,8 +27,6 @@ from minimax_h3_vae.loading import checkpoint_in_memory
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_worker import latents as worker_latents  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
 WORKER = Path(__file__).with_name("distributed_worker.py")
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
