@@ -99,3 +99,20 @@ def audio_layouts(tmp_path_factory, audio_oracle) -> dict[str, Path]:
 def eager_offline(no_network, monkeypatch):
     """Offline and on the eager path (MINIMAX_H3_VAE_FUSED=0): the command's runs on the tiny decoder."""
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+
+
+@pytest.fixture(scope="session")
+def torchrun_sweep(tmp_path_factory):
+    """ranks -> the folder of distributed_worker.py's sweep on that many ranks, launched once, at first use."""
+    from torchrun_runs import sweep
+
+    folders = {}
+
+    def folder(ranks: int) -> Path:
+        if ranks not in folders:
+            path = tmp_path_factory.mktemp(f"sweep{ranks}")
+            sweep(path, ranks)
+            folders[ranks] = path
+        return folders[ranks]
+
+    return folder
