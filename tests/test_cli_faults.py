@@ -34,6 +34,7 @@ from command_runs import (
     tree,
 )
 from repo import EXAMPLE_LATENTS, SCRIPT, TINY
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, loading, output, to_uint8_frames
@@ -116,12 +117,17 @@ def test_mp4_whose_frames_do_not_read_back_is_not_committed(capsys, tmp_path, mo
 
 
 def test_full_disk_keeps_the_old_mp4(capsys, tmp_path):
-    """A real 1 MiB tmpfs holding an old output; the new mp4 (~9 MB of noise) passes the preflight (which
-    only knows a lower bound for mp4) and fills the disk."""
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+    """A real 256 KiB tmpfs holding an old output; the new mp4 (the example's first 9 frames and their sound:
+    ~470 kB of noise) passes the preflight (which only knows a lower bound for mp4) and fills the disk."""
+    example = load_file(str(EXAMPLE_LATENTS))
+    first = {"latents": example["latents"][:, :3], "audio_latents": example["audio_latents"][..., :15]}
+    latents = tmp_path / "z.safetensors"
+    metadata = safe_open(str(EXAMPLE_LATENTS), "pt").metadata()
+    save_file({k: v.contiguous() for k, v in first.items()}, str(latents), metadata=metadata)
+    with tmpfs(tmp_path / "disk", "256k") as disk:
         out = disk / "v.mp4"
         out.write_bytes(OLD)
-        code, err = run_cli(capsys, EXAMPLE_LATENTS, out)
+        code, err = run_cli(capsys, latents, out)
         assert code == 1
         line = one_error_line(err)  # the disk named, not "ffmpeg failed (... no message)"
         assert f"{out}: no space left on the disk of {disk}; free some space" in line, line
@@ -192,9 +198,12 @@ def test_output_is_a_checkpoint_file(capsys, tmp_path, how):
 @pytest.mark.parametrize(
     "signum, code",
     [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
+    # The other catchable terminating ones take the same handler (test_signals_handled_are_every_catchable_
+    # terminating_one checks that they are handled): repeated trials, with the slow ones.
     + [
-        (s, 128 + s) for s in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM, signal.SIGXCPU)
-    ],  # every catchable terminating one
+        pytest.param(s, 128 + s, marks=pytest.mark.slow)
+        for s in (signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM, signal.SIGXCPU)
+    ],
 )
 def test_signal_during_decoding(tmp_path, signum, code):
     """A real process, a real signal once its temporary output exists and frames are being decoded."""
