@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 
 import torch
+from repo import TINY
 from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.model import H3Decoder
 from minimax_h3_vae.tiling import plan_chunks
-
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
 
 
 class FirstStage(H3Decoder):

@@ -15,7 +15,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-REPO = Path(__file__).resolve().parents[1]
 
 from checkpoints import random_diffusers_vae, write_comfyui, write_diffusers, write_original  # noqa: E402
 
@@ -94,3 +93,26 @@ def audio_layouts(tmp_path_factory, audio_oracle) -> dict[str, Path]:
         "diffusers": write_diffusers(root / "audio_vae", audio_oracle, shards=3),
         "comfyui": write_comfyui(root / "comfyui" / "minimax_h3_audio_vae_fp32.safetensors", audio_oracle),
     }
+
+
+@pytest.fixture
+def eager_offline(no_network, monkeypatch):
+    """Offline and on the eager path (MINIMAX_H3_VAE_FUSED=0): the command's runs on the tiny decoder."""
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
+
+
+@pytest.fixture(scope="session")
+def torchrun_sweep(tmp_path_factory):
+    """ranks -> the folder of distributed_worker.py's sweep on that many ranks, launched once, at first use."""
+    from torchrun_runs import sweep
+
+    folders = {}
+
+    def folder(ranks: int) -> Path:
+        if ranks not in folders:
+            path = tmp_path_factory.mktemp(f"sweep{ranks}")
+            sweep(path, ranks)
+            folders[ranks] = path
+        return folders[ranks]
+
+    return folder

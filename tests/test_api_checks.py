@@ -1,16 +1,14 @@
 """The library helpers take exactly their documented layouts and refuse others with a ValueError that says
-which (issue 11, item 13): never a broadcast on the wrong axis."""
+which: never a broadcast on the wrong axis."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from repo import TINY
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, denormalize_latents, to_uint8_frames, to_unit_rgb
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
 CONFIG = H3DecoderConfig()
 
 

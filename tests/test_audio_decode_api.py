@@ -120,7 +120,7 @@ def test_the_fused_option_selects_the_kernel_on_a_device_that_runs_it(audio_layo
 
 def test_the_audio_model_never_imports_the_loaders_or_the_runtime():
     """audio/model.py is the reference of record: modules and ops only (the fused kernel imports it)."""
-    from test_doors import package_imports
+    from import_graph import package_imports
 
     graph = package_imports()
     reached, todo = set(), ["audio.model"]

@@ -4,15 +4,12 @@ audio latents to 800 samples per latent, and tools/make_example_checkpoint.py ma
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import torch
+from repo import REPO, TINY
 
 from minimax_h3_vae import H3AudioDecoder
 from minimax_h3_vae.audio import loading
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
 
 
 def test_the_example_decodes_audio_latents():

@@ -16,15 +16,11 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from repo import EXAMPLE_LATENTS, REPO, SCRIPT, TINY
 from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, output, to_uint8_frames
 from minimax_h3_vae import cli as cli_module
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "tools" / "decode_latents.py"
-TINY = REPO / "examples" / "tiny_h3_vae"
-EXAMPLE_LATENTS = REPO / "examples" / "latents.safetensors"
 
 
 @pytest.fixture(scope="module")

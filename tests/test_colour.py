@@ -15,15 +15,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from repo import TINY
 from safetensors.torch import save_file
 
 from minimax_h3_vae import H3VideoDecoder, output
 from minimax_h3_vae import cli as cli_module
 from minimax_h3_vae.colour import rgb_to_yuv420p
 from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD, to_yuv420p_frames
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
 
 # ITU-R BT.709's luma coefficients; 8-bit limited range: Y' 16-235, Cb and Cr 16-240.
 KR, KB = 0.2126, 0.0722

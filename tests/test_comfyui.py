@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib.util
+import os
 import subprocess
 import sys
 import types
@@ -13,12 +14,12 @@ import weakref
 import comfy_stand_in
 import pytest
 import torch
-from conftest import REPO
+from command_runs import tiny_copy
+from repo import REPO, TINY
+from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3VideoDecoder, comfyui, denormalize_latents, to_unit_rgb
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, PATH_CHOICE
-
-TINY = REPO / "examples" / "tiny_h3_vae"
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_imports_stay_optional():
 
 
 class PackedLatent:
-    """A stand-in for ComfyUI's NestedTensor as its H3 sampler outputs it (issue 19): not a torch.Tensor,
+    """A stand-in for ComfyUI's NestedTensor as its H3 sampler outputs it: not a torch.Tensor,
     `is_nested` True, `unbind()` gives (video (B, 24, T, h, w), audio)."""
 
     is_nested = True
@@ -148,7 +149,7 @@ def test_a_torch_nested_tensor_is_not_a_latent(loaded):
         NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(loaded, {"samples": nested})
 
 
-# ---- decoding with the ComfyUI VAE the workflow already holds -------------------------------------------
+# ---- decoding with the ComfyUI VAE the workflow already holds ------------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -372,7 +373,7 @@ def test_vae_to_vae_node_keeps_comfyuis_decode_contract(host):
         stage.decode(z, output_buffer=torch.empty(1, 3, 8, 320, 320))
 
 
-# ---- what each node refuses, with one clear error ---------------------------------------------------------
+# ---- what each node refuses, with one clear error ------------------------------------------------------------------
 
 # Python's own words that must not reach a ComfyUI user in place of a reason.
 PYTHON_WORDS = ("KeyError", "AttributeError", "IndexError", "TypeError", "NoneType", "object has no", "subscript")
@@ -560,3 +561,23 @@ def test_comfyui_is_asked_to_free_what_the_decode_needs(monkeypatch):
     comfyui._free_memory(model, torch.zeros(1, 24, 7, 48, 84), tile_batch=1)
     window, per_tile, frames_out = 1_315_012_608, 448_991_232, 619_315_200  # tests/test_memory.py, by hand
     assert calls == [(24 * 7 * 48 * 84 * 4 + window + per_tile + frames_out, cuda)]
+
+
+# ---- the loader's cache --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("eager_offline")
+def test_loader_cache_sees_a_rewritten_file(tmp_path):
+    model = tiny_copy(tmp_path)
+    loader = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]()
+    comfyui._cache.clear()
+    (first,) = loader.load(PATH_CHOICE, str(model), "off", 0)
+    weights = model / "video_vae" / "source" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["decoder.proj_out.bias"] = tensors["decoder.proj_out.bias"] + 1
+    save_file(tensors, str(weights) + ".new")
+    os.replace(str(weights) + ".new", weights)  # same name, same size, another file
+    (second,) = loader.load(PATH_CHOICE, str(model), "off", 0)
+    comfyui._cache.clear()
+    assert second.decoder is not first.decoder
+    assert torch.equal(second.decoder.decoder.proj_out.bias, first.decoder.decoder.proj_out.bias + 1)

@@ -7,21 +7,16 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from distributed_worker import API_LENGTHS, CLI_LENGTHS, SHAPES, latents, sweep_latents
+from repo import REPO, TINY
 from safetensors.torch import load_file, save_file
+from torchrun_runs import torchrun, write_cli_inputs
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.distributed import plan_tile_calls, split_balanced
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
-WORKER = Path(__file__).with_name("distributed_worker.py")
-sys.path.insert(0, str(Path(__file__).parent))
-
-from distributed_worker import latents  # noqa: E402
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 7, 28, 29])
@@ -53,26 +48,9 @@ def test_tile_calls_cover_every_tile_once(tiles, ranks, tile_batch):
         assert max(calls_per_rank) - min(calls_per_rank) <= 1, "balanced in decoder calls"
 
 
-def torchrun(*args, ranks=2, timeout=240):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(WORKER),
-        *map(str, args),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-
-
 @pytest.fixture(scope="module")
-def distributed_outputs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ranks")
-    result = torchrun("decode", TINY, out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def distributed_outputs(torchrun_sweep):
+    return torchrun_sweep(2)
 
 
 @pytest.mark.parametrize("tile_batch", [1, 2])
@@ -130,48 +108,72 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
     assert "x 2 ranks" in result.stderr
 
 
-SWEEP_LENGTHS = (1, 2, 3, 7, 8, 12, 13)
+@pytest.fixture(scope="module")
+def single_process_files(tmp_path_factory):
+    """T -> the command's output for the sweep's input of clip length T, from one process on one thread."""
+    from minimax_h3_vae.cli import main
+
+    folder = tmp_path_factory.mktemp("single")
+    write_cli_inputs(folder)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for length in CLI_LENGTHS:
+            single = folder / f"single_{length}.safetensors"
+            args = [
+                folder / f"in_{length}.safetensors",
+                single,
+                "--model",
+                TINY,
+                "--device",
+                "cpu",
+                "--tile-batch",
+                "1",
+            ]
+            assert main([str(a) for a in args]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return {length: load_file(str(folder / f"single_{length}.safetensors"))["video"] for length in CLI_LENGTHS}
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_cli_under_torchrun_every_clip_length(tmp_path, ranks, one_thread):
+def test_cli_under_torchrun_every_clip_length(torchrun_sweep, single_process_files, ranks):
     """Bug: for most clip lengths (T = 7, 12, 72, ...) the output rank's stream yielded one chunk more than the
     other ranks' (the held tail), so the command's per-chunk agreement stopped pairing up and gloo reset the
     connection. Every rank now takes part in the same collectives for every T, and the file is the single
     process's, bit for bit."""
-    for length in SWEEP_LENGTHS:
-        z = torch.randn(24, length, 1, 29, generator=torch.Generator().manual_seed(length))
-        save_file({"latents": z}, str(tmp_path / f"in_{length}.safetensors"))
-    result = torchrun("cli_sweep", TINY, tmp_path, *SWEEP_LENGTHS, ranks=ranks, timeout=480)
-    assert result.returncode == 0, result.stderr[-3000:]
-    from minimax_h3_vae.cli import main
+    folder = torchrun_sweep(ranks)
+    for length in CLI_LENGTHS:
+        spread = load_file(str(folder / f"out_{length}.safetensors"))["video"]
+        assert torch.equal(spread, single_process_files[length]), f"T = {length}"
 
-    for length in SWEEP_LENGTHS:
-        single = tmp_path / f"single_{length}.safetensors"
-        args = [tmp_path / f"in_{length}.safetensors", single, "--model", TINY, "--device", "cpu", "--tile-batch", "1"]
-        assert main([str(a) for a in args]) == 0
-        spread = load_file(str(tmp_path / f"out_{length}.safetensors"))["video"]
-        assert torch.equal(spread, load_file(str(single))["video"]), f"T = {length}"
+
+@pytest.fixture(scope="module")
+def single_process_decodes():
+    """(T, h, w, tile batch) -> one process's decode (one thread) of the sweep's latents."""
+    model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {
+            (length, h, w, tile_batch): model.decode(sweep_latents(length, h, w), tile_batch=tile_batch)
+            for length in API_LENGTHS
+            for h, w in SHAPES
+            for tile_batch in (1, 3)
+        }
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_windows_x_tiles_across_ranks_equal_one_process(tmp_path, ranks, one_thread):
+def test_windows_x_tiles_across_ranks_equal_one_process(torchrun_sweep, single_process_decodes, ranks):
     """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile and larger, and
     tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""
-    from distributed_worker import SHAPES
-
-    lengths = (1, 2, 3, 7, 12, 13)
-    result = torchrun("api_sweep", TINY, tmp_path, *lengths, ranks=ranks, timeout=480)
-    assert result.returncode == 0, result.stderr[-3000:]
-    model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
-    for length in lengths:
-        for h, w in SHAPES:
-            z = torch.randn(1, 24, length, h, w, generator=torch.Generator().manual_seed(length * 1000 + h + w))
-            for tile_batch in (1, 3):
-                expected = model.decode(z, tile_batch=tile_batch)
-                for rank in range(ranks):
-                    got = torch.load(tmp_path / f"api_{length}_{h}_{w}_{tile_batch}_rank{rank}.pt")
-                    assert torch.equal(got, expected), (length, h, w, tile_batch, rank)
+    folder = torchrun_sweep(ranks)
+    for (length, h, w, tile_batch), expected in single_process_decodes.items():
+        for rank in range(ranks):
+            got = torch.load(folder / f"api_{length}_{h}_{w}_{tile_batch}_rank{rank}.pt")
+            assert torch.equal(got, expected), (length, h, w, tile_batch, rank)
 
 
 @pytest.mark.parametrize(

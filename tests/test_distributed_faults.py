@@ -1,4 +1,4 @@
-"""Faults under torchrun (issue 30): ranks given different options, a rank whose own decode fails, a rank
+"""Faults under torchrun: ranks given different options, a rank whose own decode fails, a rank
 killed mid-decode, a rank blocked in a collective when the stop comes; one line, on the lowest rank still
 running, no temporary file left, in bounded time. Real torchrun launches of gloo ranks on the CPU: the
 slowest tests here; the 20-run repeat of the kill is marked slow (`pytest -m slow`)."""
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from command_runs import refused, run_cli, small_latents, tree
+from repo import TINY
 from safetensors.torch import save_file
 
 import minimax_h3_vae
 from minimax_h3_vae import H3VideoDecoder, cli
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE_ROOT = Path(minimax_h3_vae.__file__).resolve().parents[1]  # the ranks import the package under test
-TINY = REPO / "examples" / "tiny_h3_vae"
 WORKER = Path(__file__).with_name("distributed_faults_worker.py")
 TYPE_NAMES = re.compile(r"\b\w+(Error|Exception)\b|NoneType|Traceback")
 
@@ -119,7 +119,7 @@ def command_args(latents: Path, out: Path) -> list:
     return [latents, out, "--model", TINY, "--device", "cpu", "--tile-batch", "1", "--raw-latents"]
 
 
-# ---- round 3: a launch without its rendezvous ------------------------------------------------------------
+# ---- a launch without its rendezvous -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_launcher_variables_are_read_as_strictly_as_flags(monkeypatch, capsys, t
     assert len(err) == 1 and err[0].startswith(f"error: {name}=") and "invalid literal" not in err[0], err
 
 
-# ---- row 20 (and rows 18, 19 for the API): the ranks agree on each call first ------------------------------
+# ---- the ranks agree on each call first ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def test_one_ranks_own_problem_fails_every_rank(api_run):
 
 
 def test_torchrun_runs_each_rank_on_one_thread(api_run, one_thread):
-    """Row 19: torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
+    """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
     the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""
     results, folder = api_run
     assert results[0]["threads"] == results[1]["threads"] == 1
@@ -215,7 +215,7 @@ def test_the_docs_say_what_torchrun_does_to_threads():
     assert "OMP_NUM_THREADS=1" in section and "thread" in section
 
 
-# ---- row 18: a rank's own failure in the command: one line, by rank 0 ---------------------------------
+# ---- a rank's own failure in the command: one line, by rank 0 ------------------------------------------------------
 
 
 def test_a_ranks_failure_is_one_line_from_rank_0(tmp_path):
@@ -230,7 +230,7 @@ def test_a_ranks_failure_is_one_line_from_rank_0(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
 
 
-# ---- row 3 (and 18): a rank killed, or blocked, mid-decode ------------------------------------------------
+# ---- a rank killed, or blocked, mid-decode -------------------------------------------------------------------------
 
 
 def kill_a_rank(latents: Path, folder: Path, ranks: int) -> tuple[float, str]:
@@ -267,7 +267,7 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_litter(tmp_path, long_l
 
 @pytest.mark.slow
 def test_twenty_killed_ranks(tmp_path, long_latents):
-    """Row 3: 20 runs with a rank killed at a random point of its decode: none hangs, none leaves a file."""
+    """20 runs with a rank killed at a random point of its decode: none hangs, none leaves a file."""
     for run in range(20):
         folder = tmp_path / str(run)
         folder.mkdir()
@@ -298,3 +298,36 @@ def test_a_rank_blocked_in_a_collective_stops_in_bounded_time(tmp_path, long_lat
     assert litter == [], litter
     assert lines(err) == ["interrupted by SIGTERM: nothing was written"], err[-3000:]
     assert re.search(rf"exitcode\s+: 143 \(pid: {pids[0]}\)", err), err[-3000:]
+
+
+# ---- the rank variables read by one process ------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("eager_offline")
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"RANK": "3", "WORLD_SIZE": "1"}])
+def test_a_stray_rank_variable_is_one_process(capsys, tmp_path, monkeypatch, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if "WORLD_SIZE" not in env:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = tmp_path / "o.safetensors"
+    code, err = run_cli(capsys, small_latents(tmp_path), out)
+    assert code == 0 and out.is_file(), err
+
+
+@pytest.mark.usefixtures("eager_offline")
+@pytest.mark.parametrize(
+    "env, name",
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE"),
+    ],
+)
+def test_malformed_rank_variables_are_refused_naming_them(capsys, tmp_path, monkeypatch, env, name):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    line = refused(capsys, small_latents(tmp_path), tmp_path / "o.safetensors")
+    assert name in line and "torchrun" in line
+    assert tree(tmp_path) == {"s.safetensors"}

@@ -4,13 +4,12 @@ imports run one way."""
 
 from __future__ import annotations
 
-import ast
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 from checkpoints import random_diffusers_vae
+from import_graph import package_imports
 from safetensors.torch import save_file
 
 from minimax_h3_vae import H3VideoDecoder, Tiling, cli, comfyui, denormalize_latents, to_unit_rgb
@@ -18,30 +17,7 @@ from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
 from minimax_h3_vae.diffusers import swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import GIB, resolve_call
 
-PACKAGE = Path(__file__).resolve().parents[1] / "minimax_h3_vae"
-
-
 # ---- imports run one way --------------------------------------------------------------------------------
-
-
-def package_imports() -> dict[str, set[str]]:
-    """module -> the package modules it imports, at the top or inside a function (both count)."""
-    graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
-        name = ".".join(p for p in parts if p != "__init__") or "__init__"
-        package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = list(package[: len(package) - (node.level - 1)]) if node.level > 1 else list(package)
-                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
-                for alias in node.names if not node.module else [None]:
-                    found.add(target if alias is None else ".".join(filter(None, [target, alias.name])))
-        graph[name] = {t for t in found if t and t != name}
-    modules = set(graph)
-    # `from . import x` names a module; `from .x import y` names x.
-    return {m: {t if t in modules else t.rsplit(".", 1)[0] for t in ts} & modules for m, ts in graph.items()}
 
 
 def test_imports_have_no_circle():

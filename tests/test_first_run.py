@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 30): the command's --help, what the README's first command leaves in the
+"""What a new user meets first: the command's --help, what the README's first command leaves in the
 checkout, and what a core install brings."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from repo import REPO
 
 from minimax_h3_vae import cli
 

@@ -1,5 +1,5 @@
 """attention="fa4": the block's attention through FlashAttention 4's Hopper kernel (fused/flash_attention.py), and
-the option at every door.
+the option at the doors; how the option is decided, with gemm's, is tests/test_kernel_options.py.
 
 The kernel tests need a Hopper GPU with flash-attn-4, quack-kernels and NVIDIA's CuTe DSL installed (the
 `hopper` extra) and skip elsewhere; CI (CPU) runs the option's checks, the launcher's contract, the fallback
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from checkpoints import random_diffusers_vae
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, cli, comfyui, fused
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, comfyui, fused
 from minimax_h3_vae.diffusers import swap_decoder
 from minimax_h3_vae.fused import flash_attention
-from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve_attention, resolve_call
+from minimax_h3_vae.runtime import resolve_attention
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_fa4 = pytest.mark.skipif(
@@ -30,38 +30,7 @@ CUDA = torch.device("cuda")
 ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-# ---- the option ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def hopper_with_fa4(monkeypatch):
-    """resolve_attention on a machine that has everything flash-attn-4 needs (the CPU stands in for it)."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(flash_attention, "installed", lambda: True)
-
-
-def test_auto_picks_fa4_only_where_all_of_it_runs(hopper_with_fa4, monkeypatch):
-    assert resolve_attention("auto", CUDA, torch.float16, True) == "fa4"
-    assert resolve_attention("auto", CUDA, torch.float32, True) == "sdpa"
-    assert resolve_attention("auto", CUDA, torch.float16, False) == "sdpa"
-    assert resolve_attention("auto", torch.device("cpu"), torch.float16, True) == "sdpa"
-    assert resolve_attention("sdpa", CUDA, torch.float16, True) == "sdpa"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-    assert resolve_attention("auto", CUDA, torch.float16, True) == "sdpa", "measured on Hopper only"
-
-
-@pytest.mark.parametrize(
-    ("device", "dtype", "fused_path", "message"),
-    [
-        ("cpu", torch.float16, True, "needs a Hopper GPU"),
-        ("cuda", torch.float32, True, "fp16 recipe's attention, not fp32"),
-        ("cuda", torch.float16, False, "runs on the fused path"),
-    ],
-)
-def test_fa4_where_it_cannot_run_says_why(hopper_with_fa4, device, dtype, fused_path, message):
-    with pytest.raises(ValueError, match=message) as caught:
-        resolve_attention("fa4", torch.device(device), dtype, fused_path)
-    assert "or choose 'sdpa'" in str(caught.value), "names the way out"
+# ---- not installed ----------------------------------------------------------------------------------------------
 
 
 def test_fa4_not_installed_names_the_extra(monkeypatch):
@@ -91,33 +60,6 @@ def test_installed_needs_flash_attn_4_and_quack(monkeypatch):
     assert flash_attention.installed()
     monkeypatch.setattr(flash_attention._quack, "installed", lambda: False)
     assert not flash_attention.installed(), "flash-attn-4 imports quack"
-
-
-def test_attention_option_is_checked_and_fixed_at_load():
-    with pytest.raises(ValueError, match="attention must be 'auto', 'sdpa' or 'fa4'"):
-        DecodeOptions(device="cpu", attention="flash")
-    assert DecodeOptions(device="cpu").attention == "sdpa", "auto on the CPU"
-    assert Runtime().attention == "sdpa", "a decoder built directly imports nothing"
-    with pytest.raises(ValueError, match="attention: fixed when the decoder is loaded"):
-        resolve_call(Runtime(), H3DecoderConfig(), attention="fa4")
-
-
-def test_command_defaults_to_sdpa_and_names_its_flag(layouts, tmp_path, capsys):
-    """The command pays no flash-attn-4 import unless asked (--attention), and an --attention it cannot honour
-    is one error line naming the flag, exit code 2, before anything is loaded."""
-    from safetensors.torch import save_file
-
-    args = cli.parse_args(["in.safetensors", "out.mp4"])
-    assert args.attention == "sdpa" and cli.decode_options(args).attention == "sdpa"
-    latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
-    save_file({"latents": torch.randn(24, 1, 2, 2)}, str(latents))
-    argv = [str(latents), str(out), "--model", str(layouts["original"]), "--device", "cpu", "--attention", "fa4"]
-    code = cli.main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and not out.exists()
-    assert err == [
-        "error: --attention 'fa4' needs a Hopper GPU (compute capability 9.0); cpu is not one; or choose 'sdpa'"
-    ]
 
 
 def test_nodes_and_swap_take_the_option_through_decode_options():
@@ -257,22 +199,3 @@ def test_load_builds_fa4_beside_the_weights(layouts):
     before = fused.launch_counts()["flash_attention"]
     H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", attention="fa4")
     assert fused.launch_counts()["flash_attention"] == before + 1
-
-
-@needs_fa4
-def test_command_with_attention_fa4_writes_what_the_api_decodes(layouts, tmp_path, capsys):
-    """--attention fa4 through the command: it says so, and its frames are the API's with attention="fa4"."""
-    from safetensors.torch import load_file, save_file
-
-    from minimax_h3_vae import to_uint8_frames
-
-    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(9))
-    latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
-    save_file({"latents": z}, str(latents))
-    argv = [str(latents), str(out), "--model", str(layouts["original"]), "--raw-latents", "--attention", "fa4"]
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 0, err
-    assert "FlashAttention 4" in err
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="cublas", attention="fa4")
-    assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())

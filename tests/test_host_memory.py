@@ -1,4 +1,4 @@
-"""Host memory in the memory plan (issue 30): the process's own cgroup limits, less reclaimable page cache,
+"""Host memory in the memory plan: the process's own cgroup limits, less reclaimable page cache,
 and the plan of a decode shared by several ranks (the window group, the gathered tiles, the host's ranks)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from minimax_h3_vae import H3DecoderConfig, memory
 MIB = 2**20
 GIB = 2**30
 
-# ---- row 6: the cgroup limits of this process, less reclaimable page cache --------------------------------
+# ---- the cgroup limits of this process, less reclaimable page cache ------------------------------------------------
 
 
 def fake_machine(root: Path, cgroup: str, files: dict[str, str | int], available_gib: int = 22) -> Path:
@@ -112,7 +112,7 @@ def test_no_cgroup_limit_leaves_mem_available(tmp_path):
     assert memory.available_host(root) == 3 * GIB
 
 
-# ---- row 5: the plan of a decode shared by ranks ----------------------------------------------------------
+# ---- the plan of a decode shared by ranks --------------------------------------------------------------------------
 
 TINY = H3DecoderConfig(num_layers=2, num_heads=2)
 SHAPE = (24, 37, 1, 29)  # 7 windows of 3 tiles (16 x 464 px frames, tiles of 16 x 256 px)

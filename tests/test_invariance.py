@@ -12,23 +12,15 @@ kernels they choose at full size; more blocks would only repeat the same ops.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from distributed_worker import latents as worker_latents
+from repo import TINY
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, memory
 from minimax_h3_vae.checkpoints import checkpoint_in_memory
 
-sys.path.insert(0, str(Path(__file__).parent))
-from distributed_worker import latents as worker_latents  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
-WORKER = Path(__file__).with_name("distributed_worker.py")
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
@@ -114,17 +106,13 @@ def test_automatic_tile_batch_follows_memory_not_the_output(threads, monkeypatch
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_ranks_with_the_automatic_batch_equal_one_process(tmp_path, ranks, threads):
+def test_ranks_with_the_automatic_batch_equal_one_process(torchrun_sweep, ranks, threads):
     """torchrun (gloo) with the automatic tile batch: each rank decodes its own share of the tiles in calls of
     its own size, and every rank returns the single process's output bit for bit (2 threads per process)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    command += [str(WORKER), "auto", str(TINY), str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
+    folder = torchrun_sweep(ranks)
     expected = H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=1).decode(worker_latents())
     for rank in range(ranks):
-        assert torch.equal(torch.load(tmp_path / f"rank{rank}_auto.pt"), expected), rank
+        assert torch.equal(torch.load(folder / f"rank{rank}_auto.pt"), expected), rank
 
 
 # ---- CUDA: released widths, 2 blocks ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The latents file (issue 30): what `save_latents` writes, what `load_latents` and the command read, and the
+"""The latents file: what `save_latents` writes, what `load_latents` and the command read, and the
 files they refuse, each with the reason. Headers are written by hand here where a case needs a dtype or a
 layout that torch cannot save."""
 
@@ -11,13 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from repo import TINY
 from safetensors.torch import save_file
 
 from minimax_h3_vae import cli, load_latents, save_latents
 from minimax_h3_vae.latents import read_latents, read_latents_header
-
-TINY = REPO / "examples" / "tiny_h3_vae"
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +51,7 @@ def decode(capsys, source: Path, out: Path, *flags) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-# ---- row 13: numbers in a file are read as strictly as the flags ----------------------------------------------
+# ---- numbers in a file are read as strictly as the flags -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("fps", ["2_4", "24_0", " 24", "24\n", "\u0662\u0664", "infinity", "nan", "1e999", "0x18"])
@@ -73,7 +71,7 @@ def test_metadata_fps_in_digits_is_read(tmp_path, fps, value):
     assert read_latents_header(path).fps == value
 
 
-# ---- row 14: tensors we do not read are ignored, whatever their dtype -----------------------------------------
+# ---- tensors we do not read are ignored, whatever their dtype ------------------------------------------------------
 
 # Every dtype of the safetensors format that torch cannot write or we do not read: (name, bytes for 4 values).
 OTHER_DTYPES = {"U16": 8, "U32": 16, "U64": 32, "C64": 32, "F8_E8M0": 4, "F4": 2, "F6_E2M3": 3, "I16": 8, "BOOL": 4}
@@ -97,7 +95,7 @@ def test_latents_of_a_dtype_we_do_not_take_name_it(tmp_path, dtype, name):
         read_latents_header(path)
 
 
-# ---- row 15: a ComfyUI .latent without its version marker ------------------------------------------------------
+# ---- a ComfyUI .latent without its version marker ------------------------------------------------------------------
 
 
 def test_comfyui_latent_without_its_version_marker_is_refused(capsys, tmp_path):
@@ -120,7 +118,7 @@ def test_comfyui_latent_with_its_marker_reads_as_saved(tmp_path):
     assert torch.equal(got, z) and fps is None and audio is None
 
 
-# ---- row 21: save_latents keeps the mode, takes real numbers, refuses what the command refuses ----------------
+# ---- save_latents keeps the mode, takes real numbers, refuses what the command refuses -----------------------------
 
 
 def test_save_latents_keeps_an_existing_files_mode(tmp_path):
@@ -154,7 +152,7 @@ def test_save_latents_fps_bounds_are_the_commands(capsys, tmp_path):
     assert code == 0, err
 
 
-# ---- what a new user tripped on ---------------------------------------------------------------------------------
+# ---- what a new user tripped on ------------------------------------------------------------------------------------
 
 
 def test_load_latents_is_public_and_reads_what_save_latents_wrote(tmp_path):

@@ -6,15 +6,13 @@ bit with the same tile batch (the same GEMM shapes). The CUDA tests check that t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from repo import TINY
 
 from minimax_h3_vae import DecodeOptions, H3DecoderConfig, H3VideoDecoder, Tiling, decoding, memory
 from minimax_h3_vae.runtime import GIB
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),

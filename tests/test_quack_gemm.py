@@ -1,5 +1,6 @@
 """gemm="quack": w1 and its gate as one quack GEMM (fused/linear_silu_mul.py), the attention's projection with
-its QK norm and RoPE as another (fused/linear_qk_rms_norm_rope.py), and the option at every door.
+its QK norm and RoPE as another (fused/linear_qk_rms_norm_rope.py); how the option is decided, with
+attention's, is tests/test_kernel_options.py.
 
 The kernel tests need a Hopper GPU with quack-kernels and NVIDIA's CuTe DSL installed (the `hopper` extra)
 and skip elsewhere; CI (CPU) runs the option's checks, the launcher's contract and the fallbacks.
@@ -14,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, cli, fused
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
 from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
 from minimax_h3_vae.rope import rotary_table, token_positions
-from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve_call, resolve_gemm
+from minimax_h3_vae.runtime import resolve_gemm
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 QUACK = importlib.util.find_spec("quack") is not None and importlib.util.find_spec("cutlass") is not None
@@ -26,41 +27,7 @@ needs_quack = pytest.mark.skipif(not (HOPPER and QUACK), reason="needs a Hopper 
 CUDA = torch.device("cuda")
 
 
-# ---- the option ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def hopper_with_quack(monkeypatch):
-    """resolve_gemm on a machine that has everything quack needs (the CPU stands in for it)."""
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: object() if name in ("quack", "cutlass") else find_spec(name, *a)
-    )
-
-
-def test_auto_picks_quack_only_where_all_of_it_runs(hopper_with_quack, monkeypatch):
-    assert resolve_gemm("auto", CUDA, torch.float16, True) == "quack"
-    assert resolve_gemm("auto", CUDA, torch.float32, True) == "cublas"
-    assert resolve_gemm("auto", CUDA, torch.float16, False) == "cublas"
-    assert resolve_gemm("auto", torch.device("cpu"), torch.float16, True) == "cublas"
-    assert resolve_gemm("cublas", CUDA, torch.float16, True) == "cublas"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-    assert resolve_gemm("auto", CUDA, torch.float16, True) == "cublas", "measured on Hopper only"
-
-
-@pytest.mark.parametrize(
-    ("device", "dtype", "fused", "message"),
-    [
-        ("cpu", torch.float16, True, "needs a Hopper GPU"),
-        ("cuda", torch.float32, True, "fp16 recipe's GEMMs, not fp32"),
-        ("cuda", torch.float16, False, "runs on the fused path"),
-    ],
-)
-def test_quack_where_it_cannot_run_says_why(hopper_with_quack, device, dtype, fused, message):
-    with pytest.raises(ValueError, match=message) as caught:
-        resolve_gemm("quack", torch.device(device), dtype, fused)
-    assert "'cublas'" in str(caught.value), "names the way out"
+# ---- not installed ----------------------------------------------------------------------------------------------
 
 
 def test_quack_not_installed_names_the_extra(monkeypatch):
@@ -71,32 +38,6 @@ def test_quack_not_installed_names_the_extra(monkeypatch):
         resolve_gemm("quack", CUDA, torch.float16, True)
     assert "minimax-h3-vae[" not in str(caught.value), "the package index has no minimax-h3-vae"
     assert resolve_gemm("auto", CUDA, torch.float16, True) == "cublas"
-
-
-def test_gemm_option_is_checked_and_fixed_at_load():
-    with pytest.raises(ValueError, match="gemm must be 'auto', 'cublas' or 'quack'"):
-        DecodeOptions(device="cpu", gemm="cutlass")
-    assert DecodeOptions(device="cpu").gemm == "cublas", "auto on the CPU"
-    assert Runtime().gemm == "cublas", "a decoder built directly imports nothing"
-    with pytest.raises(ValueError, match="gemm: fixed when the decoder is loaded"):
-        resolve_call(Runtime(), H3DecoderConfig(), gemm="quack")
-
-
-def test_command_defaults_to_cublas_and_names_its_flag(layouts, tmp_path, capsys):
-    """The command pays no quack import unless asked (--gemm), and a --gemm it cannot honour is one error line
-    naming the flag, exit code 2, before anything is loaded."""
-    args = cli.parse_args(["in.safetensors", "out.mp4"])
-    assert args.gemm == "cublas" and cli.decode_options(args).gemm == "cublas"
-    out = tmp_path / "out.safetensors"
-    latents = tmp_path / "in.safetensors"
-    from safetensors.torch import save_file
-
-    save_file({"latents": torch.randn(24, 1, 2, 2)}, str(latents))
-    code = cli.main([str(latents), str(out), "--model", str(layouts["original"]), "--device", "cpu", "--gemm", "quack"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and not out.exists()
-    needs = "needs a Hopper GPU (compute capability 9.0); cpu is not one; or choose the 'cublas' GEMMs"
-    assert err == [f"error: --gemm 'quack' {needs}"]
 
 
 # ---- the launcher's contract and the fallback ---------------------------------------------------------------
@@ -441,21 +382,3 @@ def test_load_builds_quack_beside_the_weights(layouts):
     after = fused.launch_counts()
     kernels = fused.QUACK_KERNELS.values()  # each counts its launches under its module's name
     assert {name: after[name] - before[name] for name in kernels} == dict.fromkeys(kernels, 1)
-
-
-@needs_quack
-def test_command_with_gemm_quack_writes_what_the_api_decodes(layouts, tmp_path, capsys):
-    """--gemm quack through the command: it says so, and its frames are the API's with gemm="quack"."""
-    from safetensors.torch import load_file, save_file
-
-    from minimax_h3_vae import to_uint8_frames
-
-    z = torch.randn(1, 24, 3, 5, 7, generator=torch.Generator().manual_seed(9))
-    latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
-    save_file({"latents": z}, str(latents))
-    code = cli.main([str(latents), str(out), "--model", str(layouts["original"]), "--raw-latents", "--gemm", "quack"])
-    err = capsys.readouterr().err
-    assert code == 0, err
-    assert "quack's GEMMs for w1, the attention's projection and proj_out" in err
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], gemm="quack", attention="sdpa")  # as the command
-    assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())

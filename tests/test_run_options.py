@@ -1,4 +1,4 @@
-"""Run options at every door (issue 30): per-call attention backends that stay the call's own, backend names
+"""Run options at every door: per-call attention backends that stay the call's own, backend names
 and options checked when they are made, misspelt options named with the nearest one, decoder.dtype, and
 what offload / max_gpu_memory do on the CPU."""
 
@@ -8,21 +8,19 @@ import importlib
 import sys
 import threading
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from checkpoints import random_diffusers_vae
+from repo import TINY
 from safetensors.torch import save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minimax_h3_vae import DecodeOptions, H3VideoDecoder, cli
 from minimax_h3_vae.diffusers import SwapError, swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import ATTENTION_BACKENDS, Runtime
-
-TINY = Path(__file__).resolve().parents[1] / "examples" / "tiny_h3_vae"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def sdpa_switches() -> tuple:
     return switches, tuple(torch._C._get_sdp_priority_order())
 
 
-# ---- the attention op: each backend through its own op, bit for bit torch's --------------------------------
+# ---- the attention op: each backend through its own op, bit for bit torch's ----------------------------------------
 
 
 def decoder_qkv(dtype: torch.dtype, head_dim: int = 64, device: str = "cpu"):
@@ -99,7 +97,7 @@ def test_no_backend_that_can_run_is_a_clear_error():
         sdpa.attention(q, k, v, ("CUDNN_ATTENTION",))
 
 
-# ---- row 1: per-call backends are that call's alone -----------------------------------------------------
+# ---- per-call backends are that call's alone -----------------------------------------------------------------------
 
 
 def test_a_call_with_its_own_backends_changes_no_process_setting(tiny):
@@ -155,7 +153,7 @@ def test_threads_with_different_backends_equal_their_single_thread_decodes(tiny,
     assert sdpa_switches() == before
 
 
-# ---- row 11: backend names, and backends for the device, refused when the options are made ---------------
+# ---- backend names, and backends for the device, refused when the options are made ---------------------------------
 
 
 @pytest.mark.parametrize("names", ["__class__", "name", "ERROR", "OVERRIDEABLE", ("MATH", "flash"), (), 3])
@@ -200,7 +198,7 @@ def test_options_of_another_type_are_refused(tiny):
         swap_decoder(random_diffusers_vae(seed=0), options={"tile_batch": 2})
 
 
-# ---- misspelt options, at every door --------------------------------------------------------------------
+# ---- misspelt options, at every door -------------------------------------------------------------------------------
 
 NEAREST = r"unknown option 'tile_bach' \(did you mean 'tile_batch'\?\)"
 
@@ -225,7 +223,7 @@ def test_a_misspelt_option_is_named_with_the_nearest_one(tiny):
     assert tiny.tile_batch is None
 
 
-# ---- decoder.dtype ---------------------------------------------------------------------------------------
+# ---- decoder.dtype -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype, expected", [("fp32", torch.float32), ("fp16", torch.float16)])
@@ -234,7 +232,7 @@ def test_decoder_dtype_is_the_compute_dtype(dtype, expected):
     assert decoder.dtype == expected == decoder.decoder.transformer_blocks[0].ff.w1.weight.dtype
 
 
-# ---- the fused path on the CPU: one warning, its reason once ----------------------------------------------
+# ---- the fused path on the CPU: one warning, its reason once -------------------------------------------------------
 
 
 def test_the_fused_path_says_its_reason_once(monkeypatch, tiny):
@@ -252,7 +250,7 @@ def test_the_fused_path_says_its_reason_once(monkeypatch, tiny):
         assert kernel in messages[0]
 
 
-# ---- offload and max_gpu_memory on the CPU: accepted, and said for what they are --------------------------
+# ---- offload and max_gpu_memory on the CPU: accepted, and said for what they are -----------------------------------
 
 
 def test_offload_and_gpu_budget_on_the_cpu_are_said_for_what_they_do(tmp_path, capsys):
@@ -271,7 +269,7 @@ def test_offload_and_gpu_budget_on_the_cpu_are_said_for_what_they_do(tmp_path, c
     assert placement_description(Runtime(), torch.device("cpu")) == ""
 
 
-# ---- the diffusers swap ------------------------------------------------------------------------------------
+# ---- the diffusers swap --------------------------------------------------------------------------------------------
 
 
 def test_the_swap_without_diffusers_names_the_extra(monkeypatch):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from conftest import REPO
+from repo import REPO
 from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, save_latents, to_uint8_frames
@@ -51,7 +53,7 @@ def test_bad_arguments(tmp_path, latents, fps, message):
 
 
 def test_the_command_reads_a_comfyui_latent_file(tmp_path):
-    """ComfyUI's SaveLatent file (issue 19): `latent_tensor` (1, 24, T, h, w), normalised, beside an empty
+    """ComfyUI's SaveLatent file: `latent_tensor` (1, 24, T, h, w), normalised, beside an empty
     `latent_format_version_0`: the command decodes it as the same latents saved with save_latents."""
     from safetensors.torch import save_file
 
@@ -74,3 +76,20 @@ def test_the_command_reads_a_comfyui_latent_file(tmp_path):
     save_file({"latent_tensor": torch.zeros(2, 24, 3, 2, 2), "latent_format_version_0": torch.tensor([])}, str(batch))
     with pytest.raises(ValueError, match="a batch of 2 videos"):
         read_latents_header(batch)
+
+
+# ---- the file's mode and the frame rate's range --------------------------------------------------------------------
+
+
+def test_save_latents_honours_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = save_latents(tmp_path / "z.safetensors", torch.zeros(24, 1, 1, 1))
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_save_latents_refuses_a_huge_fps(tmp_path):
+    with pytest.raises(ValueError, match="fps must be a frame rate between 0.01 and 1000"):
+        save_latents(tmp_path / "y.safetensors", torch.zeros(24, 1, 1, 1), fps=10**400)

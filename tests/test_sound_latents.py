@@ -1,4 +1,4 @@
-"""Latents files that carry audio (issue 32, section 2): what `save_latents` writes beside the video latents, what
+"""Latents files that carry audio: what `save_latents` writes beside the video latents, what
 `load_latents` and the command's header reader take, the durations rule, and the recipe of docs/diffusers.md run
 on diffusers' own H3 pipeline blocks."""
 
@@ -26,7 +26,7 @@ def noise(*shape, seed=0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-# ---- save_latents / load_latents ------------------------------------------------------------------------------
+# ---- save_latents / load_latents -----------------------------------------------------------------------------------
 
 
 def test_save_latents_writes_the_audio_latents_and_their_rate(tmp_path):
@@ -75,7 +75,7 @@ def test_save_latents_refuses_audio_of_another_duration(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name != "z.safetensors"]
 
 
-# ---- the durations rule ---------------------------------------------------------------------------------------
+# ---- the durations rule --------------------------------------------------------------------------------------------
 
 
 def test_the_release_pairs_pass_and_nothing_else():
@@ -106,7 +106,7 @@ def test_the_boundary_is_half_a_latent_exactly():
         check_durations(3, 80.0 - 1e-9, 1, FORTY)
 
 
-# ---- the README's recipe, on diffusers' own blocks ---------------------------------------------------------------
+# ---- the README's recipe, on diffusers' own blocks -----------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

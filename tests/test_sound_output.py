@@ -1,4 +1,4 @@
-"""The command with sound (issue 32, section 2): IN's audio latents decoded first, by the audio VAE found beside the
+"""The command with sound: IN's audio latents decoded first, by the audio VAE found beside the
 video one, into an mp4 with an AAC track from one ffmpeg process, a .safetensors `audio` tensor, or a .wav / .flac
 alone; --no-audio; the duration check; and the faults of the new paths (nothing lost). ffmpeg reads every file
 back: streams, codec, rate, channels, durations, colour tags, samples."""
@@ -15,17 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from command_runs import OLD, fill, one_error_line, tmpfs, tree
+from repo import EXAMPLE_LATENTS, REPO, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_cli_faults import OLD, fill, one_error_line, tmpfs, tree
+from torchrun_runs import torchrun
 
 from minimax_h3_vae import H3AudioDecoder, cli, output, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
 from minimax_h3_vae.latents import read_latents_header
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny_h3_vae"
-EXAMPLE = REPO / "examples" / "latents.safetensors"
 
 
 @pytest.fixture(autouse=True)
@@ -52,11 +50,17 @@ def run(capsys, *args) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+SOUNDS: dict[bytes, torch.Tensor] = {}  # audio latents' bytes -> their decode: most tests here decode one clip
+
+
 def expected_sound(path: Path) -> torch.Tensor:
-    """The tiny audio VAE's own decode of the file's audio latents, through the API."""
+    """The tiny audio VAE's own decode of the file's audio latents, through the API (once per distinct latents)."""
     with safe_open(str(path), "pt") as handle:
         audio = handle.get_tensor("audio_latents")
-    return H3AudioDecoder.from_pretrained(TINY, device="cpu", fused=False).decode(audio)
+    key = audio.numpy().tobytes()
+    if key not in SOUNDS:
+        SOUNDS[key] = H3AudioDecoder.from_pretrained(TINY, device="cpu", fused=False).decode(audio)
+    return SOUNDS[key].clone()
 
 
 def ffmpeg(*args: str) -> subprocess.CompletedProcess:
@@ -88,16 +92,16 @@ def samples_of(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(result.stdout, np.float32).copy()).view(-1, 2).T
 
 
-# ---- what each OUT holds ----------------------------------------------------------------------------------------
+# ---- what each OUT holds -------------------------------------------------------------------------------------------
 
 
 def test_the_readme_first_command_writes_an_mp4_with_sound(tmp_path, capsys):
     """The shipped example (39 frames at 24 fps, 65 audio latents) through the README's command: one H.264 stream
     tagged bt709 and one AAC stream, 32 kHz stereo; both last 1.625 s, within one AAC frame."""
-    header = read_latents_header(EXAMPLE)
+    header = read_latents_header(EXAMPLE_LATENTS)
     assert header.audio.shape == (2, 32, 65) and header.audio.sample_rate == 32000 and header.fps == 24
     out = tmp_path / "example.mp4"
-    code, err = run(capsys, EXAMPLE, out)
+    code, err = run(capsys, EXAMPLE_LATENTS, out)
     assert code == 0, err
     video, audio = streams(out)
     assert "Video: h264" in video and "yuv420p(tv, bt709, progressive, left)" in video and "24 fps" in video
@@ -125,7 +129,7 @@ def test_the_tool_writes_the_committed_example(tmp_path):
         with safe_open(str(path), framework="pt") as handle:
             return handle.metadata(), {key: handle.get_tensor(key) for key in handle.keys()}
 
-    (made_meta, made), (meta, committed) = content(tmp_path / "latents.safetensors"), content(EXAMPLE)
+    (made_meta, made), (meta, committed) = content(tmp_path / "latents.safetensors"), content(EXAMPLE_LATENTS)
     assert made_meta == meta and made.keys() == committed.keys()
     assert all(torch.equal(made[key], committed[key]) for key in made)
 
@@ -221,7 +225,7 @@ def test_no_audio_leaves_the_sound_out_and_its_model_alone(tmp_path, capsys, mon
     assert [line.split(":")[2].split()[0] for line in streams(out)] == ["Video"]
 
 
-# ---- where the audio VAE comes from ------------------------------------------------------------------------------
+# ---- where the audio VAE comes from --------------------------------------------------------------------------------
 
 
 def test_the_audio_vae_beside_a_video_vae_folder(tmp_path, capsys):
@@ -281,7 +285,7 @@ def test_a_sample_rate_other_than_the_audio_vaes_is_refused(tmp_path, capsys):
     assert code == 2 and "16000 Hz" in line and "32000 Hz" in line and "--no-audio" in line, line
 
 
-# ---- the duration check ------------------------------------------------------------------------------------------
+# ---- the duration check --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -487,8 +491,6 @@ def test_the_sound_decodes_before_the_video(tmp_path, capsys, monkeypatch):
 def test_under_torchrun_rank_0_alone_decodes_the_sound(tmp_path, one_thread):
     """Two CPU ranks (gloo): rank 1's checkpoint has no audio VAE, which it never looks for; rank 0 decodes the
     sound and writes one file equal to a single process's (on one thread, as each rank runs)."""
-    from test_distributed import torchrun
-
     source = clip(tmp_path)
     single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
     spread.parent.mkdir()

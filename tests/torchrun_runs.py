@@ -1,0 +1,47 @@
+"""torchrun launches of tests/distributed_worker.py: gloo ranks on the CPU, one thread each; and the one sweep
+launch per world size that the bitwise tests share (each torchrun start-up costs seconds on two cores)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from distributed_worker import CLI_LENGTHS
+from repo import REPO, TINY
+from safetensors.torch import save_file
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+# The worker's jobs run by the sweep on each world size: what the tests of that size read.
+SWEEP_JOBS = {1: ("auto",), 2: ("decode", "auto", "api", "cli"), 3: ("auto", "api", "cli"), 4: ("auto", "api", "cli")}
+
+
+def torchrun(*args, ranks=2, timeout=240) -> subprocess.CompletedProcess:
+    """distributed_worker.py ARGS under `torchrun --standalone` on `ranks` ranks; its output captured as text."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        str(WORKER),
+        *map(str, args),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def write_cli_inputs(folder: Path) -> None:
+    """The `cli` job's inputs: folder/in_T.safetensors, (24, T, 1, 29) latents of seed T, for T in CLI_LENGTHS."""
+    for length in CLI_LENGTHS:
+        z = torch.randn(24, length, 1, 29, generator=torch.Generator().manual_seed(length))
+        save_file({"latents": z}, str(folder / f"in_{length}.safetensors"))
+
+
+def sweep(folder: Path, ranks: int) -> None:
+    """The worker's SWEEP_JOBS[ranks] on `ranks` ranks, writing into `folder` (failing the test if it fails)."""
+    write_cli_inputs(folder)
+    result = torchrun("sweep", TINY, folder, *SWEEP_JOBS[ranks], ranks=ranks, timeout=480)
+    assert result.returncode == 0, result.stderr[-3000:]
