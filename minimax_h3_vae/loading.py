@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from .blocks import EAGER_OPS, attention
+from . import fused
+from .blocks import attention
 from .config import ConfigError, H3DecoderConfig
 from .model import H3Decoder, is_block_linear
 from .reader import DTYPES, DeviceReader, NotSafetensors, read_header
@@ -703,22 +704,22 @@ def _hub_reachable(endpoint: str) -> bool:
 # ---- the load policy ------------------------------------------------------------------------------------
 
 
-def load_weights(
-    model: H3Decoder, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, runtime: Runtime
-) -> SimpleNamespace | None:
+def load_weights(model: H3Decoder, checkpoint: Checkpoint, runtime: Runtime, ops: SimpleNamespace) -> None:
     """Fill `model` (built on the meta device) with the checkpoint's weights, each read straight to where it
-    will live: block linears in `dtype` on the device, or with `runtime.offload == "blocks"` in pinned host
-    memory; everything else float32 on the device (casts happen there: the same rounding as on the host).
+    will live: block linears in `runtime.dtype` on `runtime.device`, or with `runtime.offload == "blocks"` in
+    pinned host memory; everything else float32 on the device (casts happen there: the same rounding as on the
+    host).
 
-    On CUDA the libraries' one-time set-up (`LibrarySetUp`) runs in a thread meanwhile; returns the ops it
-    selected for `runtime.fused`, or None (CPU, or a failed set-up: the first decode then selects them).
+    On CUDA the libraries' one-time set-up (`LibrarySetUp`) runs in a thread meanwhile, launching `ops` (the
+    model's, for `runtime.kernels`) once each.
     """
+    device, dtype = runtime.device, runtime.dtype
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     streamed = runtime.offload == "blocks"
     linear_home = torch.device("cpu") if streamed else device
     pin = streamed and device.type == "cuda"
     host_keys = {key for key in expected if is_block_linear(key)} if streamed else set()
-    set_up = LibrarySetUp(model.config, device, dtype, runtime) if device.type == "cuda" else None
+    set_up = LibrarySetUp(model.config, runtime, ops) if device.type == "cuda" else None
     state_dict = {}
     for key, tensor in checkpoint.tensors(expected, device, host_keys):
         if is_block_linear(key):
@@ -726,44 +727,36 @@ def load_weights(
             state_dict[key] = tensor.pin_memory() if pin and not tensor.is_pinned() else tensor
         else:
             state_dict[key] = tensor.to(device=device, dtype=torch.float32)
-    ops = set_up.join() if set_up is not None else None  # (after a failed load it just ends by itself)
+    if set_up is not None:
+        set_up.join()  # (after a failed load it just ends by itself)
     # Parameters without grad before they are assigned: an inference tensor (ComfyUI loads its VAEs under
     # torch.inference_mode) may become a Parameter only so, outside inference mode too.
     model.eval().requires_grad_(False)
     model.load_state_dict(state_dict, strict=True, assign=True)
-    return ops
 
 
 class LibrarySetUp:
     """The one-time set-up of a process's first decode on a CUDA device, run in a thread while the weights
-    load: the ops are selected and each launched once (a process's first Triton launch sets up Triton: about
-    0.5 s on an H200; with gemm="quack" or attention="fa4", quack is imported and its GEMMs and flash-attn-4's
-    kernel are built: 15-25 s), and cuBLAS, cuDNN and the attention backends each get one small call (about
-    0.3 s of library loading and handles).
-    Everything runs on two zero tokens; nothing here touches the model.
+    load: each kernel of the model's ops is launched once (`fused.warm_up`: a process's first Triton launch
+    sets up Triton, about 0.5 s on an H200; with gemm="quack" or attention="fa4", quack's GEMMs and
+    flash-attn-4's kernel are built, 15-25 s, quack having been imported when the kernels were chosen), and
+    cuBLAS, cuDNN and the attention backends each get one small call (about 0.3 s of library loading and
+    handles). Everything runs on two zero tokens; nothing here touches the model's weights.
 
-    `join()` returns the selected ops (the model keeps them, so they are selected once), or None when the
-    set-up failed: it is only a head start, and the first decode then meets any real problem itself.
+    A set-up that fails is only a lost head start: the first decode then meets any real problem itself.
     """
 
-    def __init__(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime):
-        self.ops: SimpleNamespace | None = None
+    def __init__(self, config: H3DecoderConfig, runtime: Runtime, ops: SimpleNamespace):
         self.thread = threading.Thread(
-            target=self._run, args=(config, device, dtype, runtime), name="library-set-up", daemon=True
+            target=self._run, args=(config, runtime, ops), name="library-set-up", daemon=True
         )
         self.thread.start()
 
-    def _run(self, config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, runtime: Runtime) -> None:
-        c = config
+    def _run(self, config: H3DecoderConfig, runtime: Runtime, ops: SimpleNamespace) -> None:
+        c, device, dtype = config, runtime.device, runtime.dtype
         try:
             with torch.cuda.device(device), torch.inference_mode():
-                if runtime.fused:
-                    from . import fused
-
-                    ops = fused.select_ops(c, device, dtype, runtime.gemm, runtime.attention)
-                    fused.warm_up(ops, c, device, dtype, runtime.gemm, runtime.attention)
-                else:
-                    ops = EAGER_OPS
+                fused.warm_up(ops, runtime.kernels, c, device, dtype)
                 tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)
                 F.linear(tokens, torch.zeros(c.dim, c.dim, device=device, dtype=dtype))
                 channels = c.latent_channels
@@ -772,10 +765,8 @@ class LibrarySetUp:
                 q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
                 attention(q, q, q, runtime.attention_backends)  # the run's backends, for this call alone
                 torch.cuda.synchronize(device)
-            self.ops = ops
         except Exception:  # only a head start: the first decode meets the same problem and reports it
             pass
 
-    def join(self) -> SimpleNamespace | None:
+    def join(self) -> None:
         self.thread.join()
-        return self.ops

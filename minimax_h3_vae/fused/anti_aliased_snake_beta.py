@@ -145,7 +145,13 @@ def unsupported(x, freq, inv_mag, up_filter, down_filter) -> str | None:
 
 
 def anti_aliased_snake_beta(
-    x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, up_filter: torch.Tensor, down_filter: torch.Tensor
+    x: torch.Tensor,
+    freq: torch.Tensor,
+    inv_mag: torch.Tensor,
+    up_filter: torch.Tensor,
+    down_filter: torch.Tensor,
+    *,
+    launches: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """`audio.model.anti_aliased_snake_beta` in one launch.
 
@@ -179,5 +185,5 @@ def anti_aliased_snake_beta(
         num_warps=4,
         **NO_FMA,
     )
-    count_launch("anti_aliased_snake_beta")
+    count_launch(launches, "anti_aliased_snake_beta")
     return out

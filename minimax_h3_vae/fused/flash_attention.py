@@ -23,9 +23,9 @@ import math
 import torch
 
 from . import _quack
-from ._common import count_launch, grad_problem
+from ._common import count_launch, grad_problem, zeros
 
-__all__ = ["attention", "attention_reference", "import_problem", "installed", "unsupported"]
+__all__ = ["model_call", "attention", "attention_reference", "import_problem", "installed", "unsupported"]
 
 # The distribution that ships `flash_attn.cute` (its Hopper forward), and the head dims used with it here.
 DISTRIBUTION = "flash-attn-4"
@@ -67,6 +67,14 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return torch.softmax(scores, dim=-1) @ v
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
+    when the kernels are chosen, and launched by the warm-up."""
+    c = config  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
+    qkv = zeros(device, 1, 2, c.num_heads, 3, c.head_dim, dtype=dtype).transpose(1, 2)
+    return tuple(qkv.unbind(3))
+
+
 def unsupported(q, k, v) -> str | None:
     """Why `attention(q, k, v)` cannot run, or None. Checks the contract before anything is imported."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
@@ -89,7 +97,9 @@ def unsupported(q, k, v) -> str | None:
     return grad_problem([q, k, v]) or import_problem()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, launches: dict[str, int] | None = None
+) -> torch.Tensor:
     """`F.scaled_dot_product_attention(q, k, v)` (no mask, scale 1/sqrt(D)) by flash-attn-4's Hopper kernel.
 
     q, k, v: (B, H, S, D) float16/bfloat16 on one Hopper GPU, head dim contiguous, strides 16-byte aligned
@@ -102,5 +112,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     if not q.numel():
         return torch.empty_like(q)
     out, _ = _flash_attn_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    count_launch("flash_attention")
+    count_launch(launches, "flash_attention")
     return out.transpose(1, 2)

@@ -16,10 +16,11 @@ from ._common import (
     grad_problem,
     is_number,
     row_vector_problem,
+    zeros,
 )
 from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
 
-__all__ = ["scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
+__all__ = ["model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
 
 
 @triton.jit
@@ -59,6 +60,14 @@ def _scale_add_rms_norm_kernel(
         tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
+    when the kernels are chosen, and launched by the warm-up."""
+    c = config
+    residual, y = zeros(device, 1, 2, c.dim), zeros(device, 1, 2, c.dim, dtype=dtype)
+    return (residual, y, zeros(device, c.dim), zeros(device, c.dim), c.norm_eps, dtype)
+
+
 def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
     """Why `scale_add_rms_norm(...)` with these arguments is outside the kernel's contract, or None."""
     if not isinstance(residual, torch.Tensor) or not isinstance(y, torch.Tensor) or residual.dim() == 0:
@@ -93,6 +102,8 @@ def scale_add_rms_norm(
     weight: torch.Tensor | None,
     eps: float,
     out_dtype: torch.dtype,
+    *,
+    launches: dict[str, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32, then its RMSNorm.
 
@@ -129,5 +140,5 @@ def scale_add_rms_norm(
         num_warps=num_warps,
         **NO_FMA,
     )
-    count_launch("scale_add_rms_norm")
+    count_launch(launches, "scale_add_rms_norm")
     return residual, normed
