@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import memory, sdpa
+from . import fused, memory, sdpa
 from .config import H3DecoderConfig
-from .fused import EAGER_KERNELS, Kernels, choose_kernels
+from .fused import EAGER_KERNELS, Kernels
 from .tiling import RELEASE_TILING, Tiling
 
 # SDPA backends in order of preference (names of torch.nn.attention.SDPBackend; sdpa.py runs them per call).
@@ -130,15 +130,15 @@ def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.dev
     for whether `attention_backends` run here."""
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype, device)
-    fused = resolve_fused(options.fused, device)
+    use_fused = resolve_fused(options.fused, device)
     if options.attention_backends is not None:
         check_backends_run(options.attention_backends, device, dtype, head_dim)
     return (
         device,
         dtype,
-        fused,
-        resolve_gemm(options.gemm, device, dtype, fused),
-        resolve_attention(options.attention, device, dtype, fused),
+        use_fused,
+        resolve_gemm(options.gemm, device, dtype, use_fused),
+        resolve_attention(options.attention, device, dtype, use_fused),
     )
 
 
@@ -147,7 +147,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
     -> bytes, the tiling (else the checkpoint's `default_tiling`) checked against the patch size, offload="auto"
     decided by the memory plan (memory.choose_offload) from the checkpoint's sizes and the device's free
     memory, and the kernel of each op (`fused.choose_kernels`, with one warning naming any kernel left out)."""
-    device, dtype, fused, gemm, attention = check_machine(options, config.head_dim)
+    device, dtype, use_fused, gemm, attention = check_machine(options, config.head_dim)
     cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)
     tiling = (options.tiling or default_tiling).check(config)
     offload = options.offload
@@ -156,7 +156,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
     return Runtime(
         device=device,
         dtype=dtype,
-        fused=fused,
+        fused=use_fused,
         tile_batch=options.tile_batch,
         tiling=tiling,
         output_rank=options.output_rank,
@@ -165,7 +165,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         max_gpu_memory=cap,
         gemm=gemm,
         attention=attention,
-        kernels=choose_kernels(config, device, dtype, fused, gemm, attention),
+        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention),
     )
 
 
@@ -188,10 +188,10 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     if "tiling" in checked:
         checked["tiling"].check(config)
     if "fused" in checked:
-        fused = checked["fused"] = resolve_fused(checked["fused"], runtime.device)
-        if fused != runtime.fused:
-            device, dtype = runtime.device, runtime.dtype
-            checked["kernels"] = choose_kernels(config, device, dtype, fused, runtime.gemm, runtime.attention)
+        use_fused = checked["fused"] = resolve_fused(checked["fused"], runtime.device)
+        if use_fused != runtime.fused:
+            r = runtime
+            checked["kernels"] = fused.choose_kernels(config, r.device, r.dtype, use_fused, r.gemm, r.attention)
     return dataclasses.replace(runtime, **checked) if checked else runtime
 
 

@@ -332,9 +332,8 @@ def test_16_the_ops_line_names_what_runs(capsys, tmp_path, monkeypatch):
     """MINIMAX_H3_VAE_FUSED=1 where no kernel can run (the CPU without the Triton interpreter): the line says
     eager, as the decode runs, not fused."""
     from minimax_h3_vae import fused
-    from minimax_h3_vae.blocks import EAGER_OPS
 
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
-    monkeypatch.setattr(fused, "select_ops", lambda *args: EAGER_OPS)
+    monkeypatch.setattr(fused, "choose_kernels", lambda *args: fused.EAGER_KERNELS)
     code, err = run_cli(capsys, small(tmp_path), tmp_path / "o.safetensors")
     assert code == 0 and "eager ops" in err and "fused ops" not in err
