@@ -164,9 +164,7 @@ def main() -> None:
     }
     if "ours fused fp16" in outputs:
         info["results"]["fused vs eager fp16"] = errors(outputs["ours fused fp16"], outputs["ours eager fp16"])
-        from minimax_h3_vae import fused
-
-        info["results"]["fused launch counts"] = fused.launch_counts()
+        info["results"]["fused launch counts"] = fp16.launch_counts()
     info["results"]["variants"] = rows
 
     vae = outputs = floor = reference = None  # free the GPU memory before the clip

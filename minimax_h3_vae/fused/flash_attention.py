@@ -51,13 +51,8 @@ def _flash_attn_func():
 def import_problem() -> str | None:
     """Why flash-attn-4 cannot be used here, or None once it is imported. Decided once per process: every launch
     asks, and looking for the install reads the installed distributions (~110 us)."""
-    if not installed():
-        return f"flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed ({_quack.INSTALL})"
-    try:
-        _flash_attn_func()
-    except Exception as error:  # an install that does not import: report it, the caller falls back
-        return f"flash-attn-4 did not import ({type(error).__name__}: {error})"
-    return None
+    missing = "flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed"
+    return _quack.judge_import("flash-attn-4", installed(), missing, _flash_attn_func)
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -68,8 +63,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     c = config  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
     qkv = zeros(device, 1, 2, c.num_heads, 3, c.head_dim, dtype=dtype).transpose(1, 2)
     return tuple(qkv.unbind(3))

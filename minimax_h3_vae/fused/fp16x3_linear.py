@@ -36,7 +36,7 @@ import triton.language as tl
 from ..blocks import linear_fp32 as linear_fp32_reference
 from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem, linear_fp32_call, linear_fp32_problem
 from ._quack import ALIGN, gemm_config, import_problem, tensors_problem
-from ._triton_utils import row_tiling
+from ._triton_utils import row_launch
 
 __all__ = ["model_call", "linear_fp32", "linear_fp32_reference", "split_rows", "split_rows_reference", "unsupported"]
 
@@ -98,21 +98,9 @@ def split_rows(t: torch.Tensor, lo_segment: int) -> tuple[torch.Tensor, torch.Te
     parts = torch.empty(n_rows, 3 * n_cols, dtype=torch.float16, device=t.device)
     inv_scale = torch.empty(n_rows, dtype=torch.float32, device=t.device)
     if n_rows:
-        block_r, block_c, warps = row_tiling(n_cols)
-        _split_rows_kernel[(triton.cdiv(n_rows, block_r),)](
-            t,
-            parts,
-            inv_scale,
-            n_rows,
-            n_cols,
-            t.stride(0),
-            LO_SEGMENT=lo_segment,
-            TOP=TOP,
-            MAX_SHIFT=MAX_SHIFT,
-            BLOCK_R=block_r,
-            BLOCK_C=block_c,
-            num_warps=warps,
-        )
+        grid, meta = row_launch(n_rows, n_cols)
+        constants = {"LO_SEGMENT": lo_segment, "TOP": TOP, "MAX_SHIFT": MAX_SHIFT}
+        _split_rows_kernel[grid](t, parts, inv_scale, n_rows, n_cols, t.stride(0), **constants, **meta)
     return parts, inv_scale
 
 
@@ -147,8 +135,7 @@ def _epilogue():
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     return linear_fp32_call(config, device)
 
 

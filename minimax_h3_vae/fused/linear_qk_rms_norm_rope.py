@@ -159,8 +159,7 @@ def _table(
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     c, rows = config, 3 * config.dim
     x, weight, bias = (zeros(device, *shape, dtype=dtype) for shape in ((1, 2, c.dim), (rows, c.dim), (rows,)))
     # A rotary table as rope builds them (NeoX halves equal), which the launcher checks.

@@ -46,8 +46,7 @@ def _gemm_act():
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     c, rows = config, 2 * config.ffn_dim  # w1's full weight (134 MB at the released size)
     return (
         zeros(device, 1, 2, c.dim, dtype=dtype),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from ..blocks import qk_rms_norm_rope as qk_rms_norm_rope_reference
 from ._common import MAX_GRID_YZ, count_launch, device_problem, dtype_problem, grad_problem, is_number, zeros
@@ -89,8 +90,7 @@ def _head_dim(qkv: torch.Tensor, num_heads: int) -> int:
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     c = config
     table = zeros(device, 2, c.rope_dim)
     return (zeros(device, 1, 2, 3 * c.dim, dtype=dtype), table, table.clone(), c.num_heads, c.norm_eps)
@@ -131,14 +131,8 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
 
 
 def qk_rms_norm_rope(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    num_heads: int,
-    eps: float,
-    *,
-    launches: dict[str, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv: Tensor, cos: Tensor, sin: Tensor, num_heads: int, eps: float, *, launches: dict[str, int] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """`blocks.qk_rms_norm_rope` in one launch.
 
     qkv: (B, S, 3 * H * D) float32/float16/bfloat16, per-head interleaved [q | k | v], last dim contiguous,

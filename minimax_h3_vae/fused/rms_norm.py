@@ -7,18 +7,9 @@ import triton
 import triton.language as tl
 
 from ..blocks import rms_norm as rms_norm_reference
-from ._common import (
-    MAX_ROW_WIDTH,
-    as_rows,
-    count_launch,
-    device_problem,
-    dtype_problem,
-    grad_problem,
-    is_number,
-    row_vector_problem,
-    zeros,
-)
-from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
+from . import _common
+from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number
+from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_launch, to_dtype
 
 __all__ = ["model_call", "rms_norm", "rms_norm_reference", "unsupported"]
 
@@ -42,10 +33,9 @@ def _rms_norm_kernel(
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     c = config
-    return (zeros(device, 1, 2, c.dim), zeros(device, c.dim), c.norm_eps, dtype)
+    return (_common.zeros(device, 1, 2, c.dim), _common.zeros(device, c.dim), c.norm_eps, dtype)
 
 
 def unsupported(x, weight, eps, out_dtype) -> str | None:
@@ -55,7 +45,7 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
     problem = (
         dtype_problem("x", x.dtype)
         or dtype_problem("out_dtype", out_dtype)
-        or row_vector_problem("weight", weight, x.shape[-1])
+        or _common.row_vector_problem("weight", weight, x.shape[-1])
     )
     if problem:
         return problem
@@ -85,19 +75,7 @@ def rms_norm(
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if n_rows == 0:
         return out
-    block_r, block_c, num_warps = row_tiling(n_cols)
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        rows,
-        weight,
-        out,
-        n_rows,
-        n_cols,
-        rows.stride(0),
-        float(eps),
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
-        **NO_FMA,
-    )
+    grid, meta = row_launch(n_rows, n_cols)
+    _rms_norm_kernel[grid](rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), **meta, **NO_FMA)
     count_launch(launches, "rms_norm")
     return out

@@ -41,8 +41,7 @@ def _silu_mul_kernel(h_ptr, out_ptr, half, stride_h, BLOCK: tl.constexpr, LIBDEV
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
-    """The op's arguments as the decoder passes them (two tokens of one tile, zeros): asked of `unsupported`
-    when the kernels are chosen, and launched by the warm-up."""
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
     return (zeros(device, 1, 2, 2 * config.ffn_dim, dtype=dtype),)
 
 
