@@ -13,7 +13,8 @@ layouts on that device and dtype (each kernel module's `model_call`, asked of it
 the eager op from `blocks.py`, with one warning naming each kernel left out and why. `ops_for` wires the
 record's choices explicitly; the ops have the eager signatures, and a launcher still checks its contract on
 every call and raises ValueError outside it, never a silent fallback. Every launcher counts its launches into
-the model's `launches` (a `launch_counts()` view) and the qkv GEMM keeps its rotation tables in the model's ops.
+the model's `launches` (a `launch_counts()` view); the qkv GEMM keeps its rotation tables, and fp16x3 its
+split of the proj_out weight, in the model's ops (`STATE`).
 
 Importing this package imports no Triton: a kernel module is imported when `choose_kernels` first checks it,
 because `triton.jit` picks compiled or interpreted from TRITON_INTERPRET when the kernel is defined (read here,
@@ -91,6 +92,12 @@ MODULES = {
     ("linear_silu_mul", "quack"): "linear_silu_mul",
     ("linear_qk_rms_norm_rope", "quack"): "linear_qk_rms_norm_rope",
     ("attention", "fa4"): "flash_attention",
+}
+# The state a model's launcher keeps, made fresh for each model's ops: the qkv GEMM's rotation tables, and
+# fp16x3's split of the proj_out weight (made once, not per call).
+STATE = {
+    ("linear_qk_rms_norm_rope", "quack"): lambda: {"tables": {}},
+    ("linear_fp32", "fp16x3"): lambda: {"weights": {}},
 }
 # w1's and the projection's op where quack's GEMM does not run: torch's (cuBLAS) linear followed by this op.
 AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rms_norm_rope"}
@@ -210,7 +217,7 @@ def ops_for(kernels: Kernels, launches: dict[str, int] | None = None) -> SimpleN
         if kernel == "cublas+triton":
             ops[name] = _after_cublas(ops[AFTER_CUBLAS[name]])
         elif (name, kernel) in MODULES:
-            state = {"tables": {}} if (name, kernel) == ("linear_qk_rms_norm_rope", "quack") else {}
+            state = STATE.get((name, kernel), dict)()
             ops[name] = _launcher(name, kernel, launches, **state)
         else:
             ops[name] = getattr(blocks.EAGER_OPS, name)
