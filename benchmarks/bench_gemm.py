@@ -120,9 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.device("cuda")
     import_start = time.perf_counter()
-    from minimax_h3_vae.fused import _quack
-
-    _quack.load()
+    fused.load_quack()
     import_s = time.perf_counter() - import_start
     import cutlass
     import quack

@@ -359,21 +359,21 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     return _check_dtype(dtype)
 
 
-def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
     """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
     recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
     CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
     ValueError naming what is missing. Nothing is imported here: quack's import (8-17 s on an H200) happens
     at load, beside the weights."""
-    from .fused import _quack  # where quack runs; importing it imports no quack
 
     def problem():
-        return _hopper_problem(device, dtype, fused, "GEMMs", _quack.installed, "quack-kernels and NVIDIA's CuTe DSL")
+        needs = "quack-kernels and NVIDIA's CuTe DSL"
+        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs)
 
     return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
 
 
-def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
     """The fused path's attention. "fa4" runs where every part of it can: the fused path, the fp16 recipe, a
     Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
     picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
@@ -382,7 +382,7 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, 
 
     def problem():
         needs = "flash-attn-4, quack-kernels and NVIDIA's CuTe DSL"
-        return _hopper_problem(device, dtype, fused, "attention", flash_attention.installed, needs)
+        return _hopper_problem(device, dtype, use_fused, "attention", flash_attention.installed, needs)
 
     return _choose("attention", attention, ATTENTION_KERNELS, problem, "'sdpa'")
 
@@ -402,19 +402,17 @@ def _choose(name: str, value: str, kernels: tuple[str, str], problem, way_out: s
     return default
 
 
-def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what: str, installed, needs: str):
+def _hopper_problem(device: torch.device, dtype: torch.dtype, use_fused: bool, what: str, installed, needs: str):
     """Why the `hopper` extra's kernel for the recipe's `what` cannot run with these settings (`installed()`:
     whether what it needs is installed, named `needs`), or None."""
-    from .fused import _quack as quack
-
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != fused.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
     if dtype != torch.float16:
         return f"runs the fp16 recipe's {what}, not fp32: choose fp16"
-    if not fused:
+    if not use_fused:
         return "runs on the fused path, not the eager one: turn the fused path on"
     if not installed():
-        return f"needs {needs}: {quack.INSTALL}"
+        return f"needs {needs}: {fused.INSTALL}"
     return None
 
 

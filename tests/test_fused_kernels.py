@@ -20,6 +20,9 @@ if not torch.cuda.is_available():
 
 from minimax_h3_vae import H3DecoderConfig, blocks  # noqa: E402
 from minimax_h3_vae.fused import interpreting, select_ops  # noqa: E402
+from minimax_h3_vae.fused import qk_rms_norm_rope as qk_module  # noqa: E402
+from minimax_h3_vae.fused import rms_norm as rms_norm_module  # noqa: E402
+from minimax_h3_vae.fused import tf32x3_linear as tf32x3_module  # noqa: E402
 from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope, qk_rms_norm_rope_reference  # noqa: E402
 from minimax_h3_vae.fused.rms_norm import rms_norm, rms_norm_reference  # noqa: E402
 from minimax_h3_vae.fused.scale_add_rms_norm import scale_add_rms_norm, scale_add_rms_norm_reference  # noqa: E402
@@ -262,7 +265,8 @@ def test_select_ops_takes_every_kernel_for_the_released_layout(device, dtype, re
     """The released widths and head layout on a device that runs the kernels: every op is its kernel, no
     warning."""
     ops = select_ops(H3DecoderConfig(num_layers=1), torch.device(device), dtype)
-    assert {name: getattr(ops, name) for name in LAUNCHERS} == LAUNCHERS
+    # each op is its launcher, with the model's launch counts bound in
+    assert {name: getattr(ops, name).func for name in LAUNCHERS} == LAUNCHERS
     assert not [w for w in recwarn if "fused path" in str(w.message)]
 
 
@@ -327,7 +331,10 @@ def test_launchers_refuse_calls_outside_the_contract(device, case):
 
 
 def test_launchers_refuse_the_cpu_without_the_interpreter(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    """A kernel built compiled (TRITON_INTERPRET unset when it was defined) refuses CPU tensors: the launcher
+    asks its kernel how it was built, never the environment (read once, when the kernels are chosen)."""
+    for module in (rms_norm_module, qk_module, tf32x3_module):
+        monkeypatch.setattr(module, "built_for_interpreter", lambda kernel: False)
     x, weight = randn(9, 40), norm_weight(40, "cpu", 1)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         rms_norm(x, weight, EPS, torch.float16)

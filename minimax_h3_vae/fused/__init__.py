@@ -37,15 +37,22 @@ from .. import blocks
 from ..audio import model as audio_model
 from ..config import H3DecoderConfig
 from ._common import LAUNCH_NAMES, placement_problem
+from ._quack import HOPPER, INSTALL
+from ._quack import installed as quack_installed
+from ._quack import load as load_quack
 
 __all__ = [
     "EAGER_KERNELS",
     "FUSED_OPS",
+    "HOPPER",
+    "INSTALL",
     "LAUNCH_NAMES",
     "Kernels",
     "choose_kernels",
     "interpreting",
+    "load_quack",
     "ops_for",
+    "quack_installed",
     "select_audio_ops",
     "select_ops",
     "uses_fa4",
