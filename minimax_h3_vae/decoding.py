@@ -25,7 +25,7 @@ import torch
 from . import blocks, distributed, fused, memory, tiling
 from .config import H3DecoderConfig
 from .latents import check_latents
-from .loading import DEFAULT_REPO, Checkpoint, load_checkpoint, load_weights
+from .loading import DEFAULT_REPO, Checkpoint, load_checkpoint
 from .model import H3Decoder
 from .offload import BlockStreamer
 from .runtime import (
@@ -39,6 +39,7 @@ from .runtime import (
     resolve,
     resolve_call,
 )
+from .weights import load_weights
 
 Progress = Callable[[int, int], None]
 
