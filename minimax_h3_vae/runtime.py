@@ -344,6 +344,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = _check_device(device)
+    device = str(device) if isinstance(device, torch.device) else device  # as the user wrote it, in messages
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: no CUDA device is available; use 'cpu'")
