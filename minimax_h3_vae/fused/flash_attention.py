@@ -10,7 +10,8 @@ It reads q, k and v in place (strided views of the projection's output are fine)
 contiguous, the layout the block reshapes to (B, S, H * D) without a copy.
 
 flash-attn-4 imports quack and the CuTe DSL (8-17 s in a fresh process) and builds its kernel on the first
-call of a shape class (~2 s); the decoder does both at load (`fused.warm_up`).
+call of a shape class (~2 s); the decoder does both at load (the import when its kernels are chosen,
+`fused.choose_kernels`; the build beside the weight load, `fused.warm_up`).
 """
 
 from __future__ import annotations

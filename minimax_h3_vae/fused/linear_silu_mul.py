@@ -12,7 +12,8 @@ output, the silu, the product), so this op is more accurate than the eager one a
 quack reads w1's rows as released ([gate; value] halves): `concat_layout` makes the kernel see them
 interleaved, so nothing is rewritten at load. One compiled kernel serves every row count M (quack keys its
 builds on dtypes, layouts and alignment, not on M); the first call in a process builds it (~3 s on an
-H200) and importing quack costs 8-17 s, so the decoder does both at load (`fused.warm_up`).
+H200) and importing quack costs 8-17 s, so the decoder does both at load (the import when its kernels are
+chosen, `fused.choose_kernels`; the build beside the weight load, `fused.warm_up`).
 """
 
 from __future__ import annotations
