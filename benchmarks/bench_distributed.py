@@ -45,7 +45,7 @@ def main() -> None:
     torch.cuda.set_device(device)
     model = random_released_decoder(device)
     model.configure(fused=True)
-    model.tile_batch = args.tile_batch
+    model.configure(tile_batch=args.tile_batch)
     z = torch.randn(UNIT_SHAPE, device=device, generator=torch.Generator(device).manual_seed(1))
     result = {
         "world_size": world,

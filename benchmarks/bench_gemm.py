@@ -48,10 +48,14 @@ def commit() -> str:
         return "?"
 
 
-def sharing_weights(model: H3VideoDecoder, **changes) -> H3VideoDecoder:
-    """A second decoder over the same weight tensors, with run settings changed."""
+def sharing_weights(model: H3VideoDecoder, kernels: dict | None = None, **changes) -> H3VideoDecoder:
+    """A second decoder over the same weight tensors, with run settings changed: the kernels chosen again for
+    them (`fused.choose_kernels`), then `kernels` (op -> kernel, `fused.Kernels`' fields) set by hand."""
+    r = dataclasses.replace(model.runtime, **changes)
+    chosen = fused.choose_kernels(model.config, r.device, r.dtype, r.fused, r.gemm, r.attention)
+    runtime = dataclasses.replace(r, kernels=dataclasses.replace(chosen, **(kernels or {})))
     with torch.device("meta"):
-        other = H3VideoDecoder(model.config, dataclasses.replace(model.runtime, **changes))
+        other = H3VideoDecoder(model.config, runtime)
     other.load_state_dict(model.state_dict(), assign=True)
     return other.eval().requires_grad_(False)
 
@@ -116,9 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.device("cuda")
     import_start = time.perf_counter()
-    from minimax_h3_vae.fused import _quack
-
-    _quack.load()
+    fused.load_quack()
     import_s = time.perf_counter() - import_start
     import cutlass
     import quack
@@ -132,12 +134,12 @@ def main() -> None:
     z = random_latents(UNIT_SHAPE, seed=1)
     reference = fp32_reference(z)
     cublas = random_released_decoder(cuda).configure(fused=True)
-    models = {name: sharing_weights(cublas, gemm="quack") for name in ("quack w1", "quack")}
-    models = {"cublas": cublas, **models, "quack + fa4": sharing_weights(cublas, gemm="quack", attention="fa4")}
-    w1_only = models["quack w1"].ops()
-    w1_only.linear_qk_rms_norm_rope = lambda x, w, b, *rope: w1_only.qk_rms_norm_rope(F.linear(x, w, b), *rope)
-    assert not fused.uses_quack(cublas.ops()) and fused.uses_quack(models["quack"].ops())
-    assert fused.uses_fa4(models["quack + fa4"].ops()) and not fused.uses_fa4(models["quack"].ops())
+    w1_only = sharing_weights(cublas, {"linear_qk_rms_norm_rope": "cublas+triton"}, gemm="quack")
+    models = {"cublas": cublas, "quack w1": w1_only, "quack": sharing_weights(cublas, gemm="quack")}
+    models["quack + fa4"] = sharing_weights(cublas, gemm="quack", attention="fa4")
+    assert not fused.uses_quack(cublas.runtime.kernels) and fused.uses_quack(models["quack"].runtime.kernels)
+    assert fused.uses_fa4(models["quack + fa4"].runtime.kernels)
+    assert not fused.uses_fa4(models["quack"].runtime.kernels)
     eager16 = cublas.decode(z, fused=False)
     timings = {name: [] for name in models}
     outs, peaks, clocks = {}, {}, {name: [] for name in models}

@@ -141,10 +141,10 @@ def main() -> None:
     resident, results["load resident again s"] = load(checkpoint, offload="none")
     resident.decode(unit)  # compile the kernels, warm the allocator
     results["resident clip"] = stream(resident, clip)
-    resident.tile_batch = 4
+    resident.configure(tile_batch=4)
     unit_resident = resident.decode(unit).cpu()
     small = random_latents((1, 24, 72, 32, 32), seed=3)
-    resident.tile_batch = None
+    resident.configure(tile_batch=None)
     resident.decode(small[:, :, :7])
     results["resident 512 clip"] = stream(resident, small)
     del resident
@@ -153,12 +153,12 @@ def main() -> None:
     streamed, results["load blocks s"] = load(checkpoint, offload="blocks")
     streamed.decode(unit)
     results["blocks clip"] = stream(streamed, clip)
-    streamed.tile_batch = 4
+    streamed.configure(tile_batch=4)
     results["blocks vs resident, one unit, tile batch 4, bitwise"] = bool(
         torch.equal(streamed.decode(unit).cpu(), unit_resident)
     )
     del unit_resident
-    streamed.tile_batch = None
+    streamed.configure(tile_batch=None)
     results["blocks 512 clip"] = stream(streamed, small)
     del streamed
     release()

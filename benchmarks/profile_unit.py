@@ -32,8 +32,9 @@ def main() -> None:
     cuda = torch.device("cuda")
     base = random_released_decoder(cuda).configure(fused=True)
     decoder = sharing_weights(base, gemm=args.gemm, attention=args.attention)
-    ops = decoder.ops()
-    gemm, attention = "quack" if fused.uses_quack(ops) else "cublas", "fa4" if fused.uses_fa4(ops) else "sdpa"
+    kernels = decoder.runtime.kernels
+    gemm = "quack" if fused.uses_quack(kernels) else "cublas"
+    attention = "fa4" if fused.uses_fa4(kernels) else "sdpa"
     print(f"runs: gemm {gemm}, attention {attention}")
     z = random_latents(UNIT_SHAPE, seed=1)
     for _ in range(2):

@@ -285,12 +285,13 @@ FLAGS = {
 
 
 def decode_options(args: argparse.Namespace, device=None):
-    """The command's run options, checked by `DecodeOptions` as at every other door; InputError naming the
-    flag. `device`: this rank's device under torchrun (else --device)."""
-    from .runtime import DecodeOptions
+    """The command's run options, checked by `DecodeOptions` as at every other door and by what this machine
+    runs (`runtime.check_machine`), with the device and dtype made definite; InputError naming the flag.
+    `device`: this rank's device under torchrun (else --device)."""
+    from .runtime import DecodeOptions, check_machine
 
     try:
-        return DecodeOptions(
+        options = DecodeOptions(
             device=device or args.device,
             dtype=args.dtype,
             fused=False if args.eager else None,
@@ -300,6 +301,8 @@ def decode_options(args: argparse.Namespace, device=None):
             gemm=args.gemm,
             attention=args.attention,
         )
+        device, dtype = check_machine(options)[:2]
+        return options.replace(device=device, dtype=dtype)
     except ValueError as error:
         message = str(error)
         for field, flag in FLAGS.items():
@@ -620,17 +623,16 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         agree(None, ranks)
         return
     from . import fused
-    from .blocks import EAGER_OPS
     from .runtime import placement_description
 
     dtype = "fp16 (release recipe)" if decoder.compute_dtype == torch.float16 else "fp32"
-    ops = decoder.ops()  # what will run: a kernel that cannot run here was replaced by its eager op
-    kernels = sum(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
+    chosen = decoder.runtime.kernels  # what will run: a kernel that cannot run here was left for its eager op
+    kernels = sum(getattr(chosen, name) != "eager" for name in fused.FUSED_OPS)
     path = (
         "eager" if not kernels else "fused" if kernels == len(fused.FUSED_OPS) else f"{kernels} fused, the other eager"
     )
-    path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(ops) else ""
-    path += ", FlashAttention 4" if fused.uses_fa4(ops) else ""
+    path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(chosen) else ""
+    path += ", FlashAttention 4" if fused.uses_fa4(chosen) else ""
     placement = placement_description(decoder.runtime, device)  # offload and the GPU budget, as every door says
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"

@@ -35,7 +35,7 @@ from .decoding import H3VideoDecoder
 from .frames import NON_FINITE_FRAMES, to_unit_rgb
 from .latents import check_latents, denormalize_latents
 from .model import H3Decoder
-from .runtime import DecodeOptions, Runtime, resolve_call
+from .runtime import DecodeOptions, Runtime, check_machine, resolve_call
 from .tiling import RELEASE_TILING, plan_chunks
 
 DECODER_TYPE = "MINIMAX_H3_DECODER"
@@ -419,9 +419,10 @@ def _load_vae(vae, config: H3DecoderConfig, z: torch.Tensor, options: DecodeOpti
     if management is None or patcher is None or not hasattr(management, "load_models_gpu"):
         return
     need = 0
-    if options.device.type == "cuda":
+    device, dtype = check_machine(options)[:2]  # the options are plain data: the device's dtype decided here
+    if device.type == "cuda":
         tiling = options.tiling or RELEASE_TILING
-        need = _working_set(config, z, options.dtype, tiling, options.tile_batch, "none")
+        need = _working_set(config, z, dtype, tiling, options.tile_batch, "none")
     management.load_models_gpu([patcher], memory_required=need, force_full_load=True)
 
 

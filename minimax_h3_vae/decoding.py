@@ -13,6 +13,7 @@ run settings (`runtime.Runtime`) it is handed, and never changes them for anothe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -21,12 +22,10 @@ from types import SimpleNamespace
 
 import torch
 
-from . import blocks, distributed, memory, tiling
-from .blocks import EAGER_OPS
+from . import blocks, distributed, fused, memory, tiling
 from .checkpoints import DEFAULT_REPO, Checkpoint, load_checkpoint
 from .config import H3DecoderConfig
 from .latents import check_latents
-from .loading import load_weights
 from .model import H3Decoder
 from .offload import BlockStreamer
 from .runtime import (
@@ -35,11 +34,12 @@ from .runtime import (
     DecodeOptions,
     Runtime,
     check_backends_run,
+    check_machine,
     check_option_names,
     resolve,
     resolve_call,
-    resolve_fused,
 )
+from .weights import load_weights
 
 Progress = Callable[[int, int], None]
 
@@ -48,14 +48,20 @@ class H3VideoDecoder(H3Decoder):
     """Decodes MiniMax-H3 video latents into ImageNet-normalised RGB video, exactly as released.
 
     Build it with `H3VideoDecoder.from_pretrained(...)`; `decode(z)` is the whole release pipeline. The
-    checkpoint is `self.config`; how it runs is `self.runtime`, frozen: change it for later calls with
-    `configure(...)`, or for one call with `decode(z, tile_batch=..., tiling=...)`.
+    checkpoint is `self.config`; how it runs is `self.runtime`, frozen, down to the kernel of each op
+    (`runtime.kernels`): change it for later calls with `configure(...)`, or for one call with
+    `decode(z, tile_batch=..., tiling=...)`. `launch_counts()` counts this decoder's kernel launches.
+
+    Built directly, `H3VideoDecoder(config)` is resolved for the default device it is built on (`with
+    torch.device("cuda"):`; the meta device: `Runtime()`), in float32 (`to_release_fp16()` follows the cast),
+    resident, with the cuBLAS GEMMs and SDPA; `from_pretrained` and `from_checkpoint` resolve the user's options.
     """
 
     def __init__(self, config: H3DecoderConfig, runtime: Runtime | None = None):
         super().__init__(config)
-        self._runtime = runtime if runtime is not None else Runtime()
-        self._ops: dict[tuple, SimpleNamespace] = {}  # (fused, gemm, attention, device, dtype) -> the ops
+        self._runtime = runtime if runtime is not None else _built_directly(config)
+        self._ops: dict[fused.Kernels, SimpleNamespace] = {}  # the ops of each set of kernels this decoder ran
+        self._launches: dict[str, int] = {}  # kernel launches of those ops (`launch_counts`)
         self._streamer: BlockStreamer | None = None
         self._streaming = threading.Lock()  # one layer-major decode at a time through the streamer's slots
 
@@ -77,6 +83,7 @@ class H3VideoDecoder(H3Decoder):
         loads a cached copy without asking the hub, a branch or tag asks the hub for its newest commit first.
         """
         options = _options(options, fields, "of from_pretrained")
+        check_machine(options)  # what cannot run here is said before the checkpoint is opened
         return cls.from_checkpoint(load_checkpoint(source, revision=revision), options)
 
     @classmethod
@@ -87,9 +94,7 @@ class H3VideoDecoder(H3Decoder):
         runtime = resolve(options, checkpoint.config, checkpoint.tiling)
         with torch.device("meta"):
             model = cls(checkpoint.config, runtime)
-        ops = load_weights(model, checkpoint, options.device, options.dtype, runtime)
-        if ops is not None:
-            model._ops[model._ops_key(runtime)] = ops
+        load_weights(model, checkpoint, runtime, model.ops())
         return model
 
     # ---- run settings ----------------------------------------------------------------------------------
@@ -116,47 +121,43 @@ class H3VideoDecoder(H3Decoder):
         torch.float32); every other weight, the residual stream and the output are float32."""
         return self.compute_dtype
 
+    def to_release_fp16(self) -> H3VideoDecoder:
+        """Cast the block linears to fp16 in place (the release's fp16 recipe, cast once); the run settings
+        follow: dtype float16, the kernels chosen again for it."""
+        super().to_release_fp16()
+        r, fp16 = self._runtime, torch.float16
+        kernels = fused.choose_kernels(self.config, r.device, fp16, r.fused, r.gemm, r.attention)
+        self._runtime = dataclasses.replace(r, dtype=fp16, kernels=kernels)
+        return self
+
     @property
     def tile_batch(self) -> int | None:
         return self._runtime.tile_batch
-
-    @tile_batch.setter
-    def tile_batch(self, value: int | None) -> None:
-        self.configure(tile_batch=value)
 
     @property
     def output_rank(self) -> int | None:
         return self._runtime.output_rank
 
-    @output_rank.setter
-    def output_rank(self, value: int | None) -> None:
-        self.configure(output_rank=value)
-
     def ops(self, runtime: Runtime | None = None) -> SimpleNamespace:
-        """The ops for `runtime` (default: the decoder's): eager, or the fused kernels when it asks for fused
-        ops (with `runtime.gemm`'s GEMMs and `runtime.attention`'s attention). Selected once per (fused, gemm,
-        attention, device, dtype), with a warning naming any kernel that cannot run here (that op then runs
-        without it). SDPA's attention takes `runtime.attention_backends`, bound into these ops alone."""
+        """The ops for `runtime` (default: the decoder's): those that run `runtime.kernels` (`fused.ops_for`:
+        the eager ops for eager kernels), made once per set of kernels and kept, their launches counted into
+        this decoder's `launch_counts()`. SDPA's attention takes `runtime.attention_backends`, bound into these
+        ops alone."""
         runtime = runtime or self._runtime
-        key = self._ops_key(runtime)
-        if key not in self._ops:
-            if key[0]:
-                from . import fused
-
-                self._ops[key] = fused.select_ops(
-                    self.config, self.device, self.compute_dtype, runtime.gemm, runtime.attention
-                )
-            else:
-                self._ops[key] = EAGER_OPS
-        ops = self._ops[key]
-        if ops.attention is EAGER_OPS.attention and runtime.attention_backends != ATTENTION_BACKENDS:
+        if runtime.kernels not in self._ops:
+            self._ops[runtime.kernels] = fused.ops_for(runtime.kernels, self._launches)
+        ops = self._ops[runtime.kernels]
+        if runtime.kernels.attention == "sdpa" and runtime.attention_backends != ATTENTION_BACKENDS:
             attention = functools.partial(blocks.attention, backends=runtime.attention_backends)
             ops = SimpleNamespace(**{**vars(ops), "attention": attention})
         return ops
 
-    def _ops_key(self, runtime: Runtime) -> tuple:
-        fused = runtime.fused if runtime.fused is not None else resolve_fused(None, self.device)
-        return (fused, runtime.gemm, runtime.attention, self.device, self.compute_dtype)
+    def launch_counts(self) -> dict[str, int]:
+        """This decoder's kernel launches (the load's warm-up included), per kernel (its module's name,
+        `fused.LAUNCH_NAMES`): 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope', 'silu_mul',
+        'tf32x3_linear', quack's 'linear_silu_mul', 'linear_qk_rms_norm_rope' and 'fp16x3_linear',
+        flash-attn-4's 'flash_attention' (and the audio decoder's 'anti_aliased_snake_beta', 0 here)."""
+        return {name: self._launches.get(name, 0) for name in fused.LAUNCH_NAMES}
 
     def device_bytes(self) -> int:
         """Bytes of weights this decoder holds on its device, the streaming slots included."""
@@ -208,7 +209,7 @@ class H3VideoDecoder(H3Decoder):
             "latents shape": tuple(z.shape),
             "checkpoint": self.config,
             "dtype": self.compute_dtype,
-            "fused": self._ops_key(runtime)[0],
+            "fused": runtime.fused,
             "gemm": runtime.gemm,
             "attention": runtime.attention,
             "attention_backends": runtime.attention_backends,
@@ -254,6 +255,15 @@ class H3VideoDecoder(H3Decoder):
         the same latents; each gets the whole video, or None on ranks other than `output_rank` when set."""
         chunks = list(self.decode_stream(z, progress, **options))
         return None if chunks[0] is None else torch.cat(chunks, dim=2)
+
+
+def _built_directly(config: H3DecoderConfig) -> Runtime:
+    """The run settings of `H3VideoDecoder(config)` (see the class docstring)."""
+    device = torch.get_default_device()
+    if device.type == "meta":
+        return Runtime()
+    options = DecodeOptions(device=device, dtype="fp32", offload="none", gemm="cublas", attention="sdpa")
+    return resolve(options, config)
 
 
 def _options(options: DecodeOptions | None, fields: dict, door: str) -> DecodeOptions:

@@ -6,9 +6,13 @@ the user as `DecodeOptions` (the same fields and units at every door: `from_pret
 decoder holds and every decode reads. A per-call change (`decode(z, tile_batch=...)`) resolves into a new
 `Runtime` for that call alone; nothing a call does changes what another call sees.
 
-    options = DecodeOptions(device="cuda", max_gpu_memory=8)   # checked now: types, ranges, the machine
-    runtime = resolve(options, config)                          # converted: bytes, offload choice, tiling
-    runtime = resolve_call(runtime, config, tile_batch=4)       # one call's settings
+    options = DecodeOptions(device="cuda", max_gpu_memory=8)   # plain data, checked: types, ranges, names
+    runtime = resolve(options, config)                          # decided: the machine, bytes, offload, kernels
+    runtime = resolve_call(runtime, config, tile_batch=4)       # one call's settings, by the same functions
+
+`resolve` is the one place that looks at the machine and the environment (MINIMAX_H3_VAE_FUSED, and through
+`fused.choose_kernels` TRITON_INTERPRET and whether quack and flash-attn-4 import): a `Runtime` leaves nothing
+open, down to the kernel of each op (`Runtime.kernels`), and nothing reads the environment after it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import memory, sdpa
+from . import fused, memory, sdpa
 from .config import H3DecoderConfig
+from .fused import EAGER_KERNELS, Kernels
 from .tiling import RELEASE_TILING, Tiling
 
 # SDPA backends in order of preference (names of torch.nn.attention.SDPBackend; sdpa.py runs them per call).
@@ -45,19 +50,23 @@ CALL_OPTIONS = ("fused", "tile_batch", "tiling", "output_rank", "attention_backe
 
 @dataclass(frozen=True)
 class Runtime:
-    """The run settings a decoder holds, resolved (see the module docstring); frozen.
+    """The run settings a decoder holds, resolved (see the module docstring); frozen. `Runtime()` is the
+    eager float32 run on the CPU.
 
-    fused: the Triton kernels of `minimax_h3_vae.fused` (None, for a decoder built directly: on when it sits
-    on CUDA and Triton imports). tile_batch: tiles per decoder call (None: as many as fit). tiling: the
-    spatial tile geometry. output_rank: under torch.distributed, the one rank that receives the video (None:
-    every rank). attention_backends: SDPA backend names, most preferred first. offload: "none" (every weight
-    on the device) or "blocks" (block linears in host memory, streamed, layer-major). max_gpu_memory: bytes
-    the decoder may hold on the GPU, weights included (None: what is free). gemm: the fused path's block GEMMs,
-    "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's). attention: the fused path's
-    attention, "sdpa" or "fa4" (ATTENTION_KERNELS; the eager path always runs SDPA).
+    device: where the decoder runs. dtype: the block linears' compute dtype (torch.float16 for the release's fp16
+    recipe, else torch.float32). fused: the Triton kernels of `minimax_h3_vae.fused`. tile_batch: tiles per decoder
+    call (None: as many as fit). tiling: the spatial tile geometry. output_rank: under torch.distributed, the one
+    rank that receives the video (None: every rank). attention_backends: SDPA backend names, most preferred first.
+    offload: "none" (every weight on the device) or "blocks" (block linears in host memory, streamed, layer-major).
+    max_gpu_memory: bytes the decoder may hold on the GPU, weights included (None: what is free). gemm: the fused
+    path's block GEMMs, "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's). attention: the
+    fused path's attention, "sdpa" or "fa4" (ATTENTION_KERNELS; the eager path always runs SDPA). kernels: what runs
+    each op (`fused.Kernels`), chosen from all of the above by `fused.choose_kernels`.
     """
 
-    fused: bool | None = None
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+    fused: bool = False
     tile_batch: int | None = None
     tiling: Tiling = RELEASE_TILING
     output_rank: int | None = None
@@ -66,12 +75,14 @@ class Runtime:
     max_gpu_memory: int | None = None
     gemm: str = "cublas"
     attention: str = "sdpa"
+    kernels: Kernels = EAGER_KERNELS
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """What a user asks for, in the user's units, the same at every door. Each field is checked when the
-    object is made (before any checkpoint is opened); `resolve` converts it against the checkpoint.
+    """What a user asks for, in the user's units, the same at every door: plain data. Each field's type,
+    range or name is checked when the object is made (no machine is probed, no environment read);
+    `resolve` decides the rest against the machine and the checkpoint.
 
     device: "cpu", "cuda", "cuda:N" (None: CUDA when available). dtype: "fp32" / torch.float32 or "fp16" /
     torch.float16, the release's recipe (None: fp16 on CUDA, else fp32). fused: True / False (None: the
@@ -98,50 +109,71 @@ class DecodeOptions:
     attention: str = "auto"
 
     def __post_init__(self):
-        device = resolve_device(self.device)
-        object.__setattr__(self, "device", device)
-        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, device))
-        object.__setattr__(self, "fused", resolve_fused(self.fused, device))
-        for name in ("tile_batch", "tiling", "output_rank", "attention_backends"):
+        object.__setattr__(self, "device", _check_device(self.device))
+        object.__setattr__(self, "dtype", _check_dtype(self.dtype))
+        for name in ("fused", "tile_batch", "tiling", "output_rank", "attention_backends"):
             object.__setattr__(self, name, _CHECKS[name](getattr(self, name)))
-        if self.attention_backends is not None:
-            check_backends_run(self.attention_backends, device, self.dtype)
         if self.offload not in ("auto", *OFFLOAD_MODES):
             raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
         _check_gib(self.max_gpu_memory)
-        object.__setattr__(self, "gemm", resolve_gemm(self.gemm, device, self.dtype, self.fused))
-        object.__setattr__(self, "attention", resolve_attention(self.attention, device, self.dtype, self.fused))
+        _check_choice("gemm", self.gemm, GEMM_BACKENDS)
+        _check_choice("attention", self.attention, ATTENTION_KERNELS)
 
     def replace(self, **changes) -> DecodeOptions:
         return dataclasses.replace(self, **changes)
 
 
+def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.device, torch.dtype, bool, str, str]:
+    """What of `options` this machine decides, needing no checkpoint: (device, dtype, fused, gemm, attention),
+    each its `resolve_*` function's answer; ValueError for what cannot run here (a door calls it before it
+    opens a checkpoint, so that such an error comes first). `head_dim`: the attention's (64 in every release),
+    for whether `attention_backends` run here."""
+    device = resolve_device(options.device)
+    dtype = resolve_dtype(options.dtype, device)
+    use_fused = resolve_fused(options.fused, device)
+    if options.attention_backends is not None:
+        check_backends_run(options.attention_backends, device, dtype, head_dim)
+    return (
+        device,
+        dtype,
+        use_fused,
+        resolve_gemm(options.gemm, device, dtype, use_fused),
+        resolve_attention(options.attention, device, dtype, use_fused),
+    )
+
+
 def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Tiling = RELEASE_TILING) -> Runtime:
-    """The run settings of `options` for a checkpoint of `config`: GiB -> bytes, the tiling (else the
-    checkpoint's `default_tiling`) checked against the patch size, and offload="auto" decided by the memory
-    plan (memory.choose_offload) from the checkpoint's sizes and the device's free memory."""
+    """The run settings of `options` for a checkpoint of `config`: the machine's part (`check_machine`), GiB
+    -> bytes, the tiling (else the checkpoint's `default_tiling`) checked against the patch size, offload="auto"
+    decided by the memory plan (memory.choose_offload) from the checkpoint's sizes and the device's free
+    memory, and the kernel of each op (`fused.choose_kernels`, with one warning naming any kernel left out)."""
+    device, dtype, use_fused, gemm, attention = check_machine(options, config.head_dim)
     cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)
     tiling = (options.tiling or default_tiling).check(config)
     offload = options.offload
     if offload == "auto":
-        offload = memory.choose_offload(config, options.dtype, options.device, tiling, cap)
+        offload = memory.choose_offload(config, dtype, device, tiling, cap)
     return Runtime(
-        fused=options.fused,
+        device=device,
+        dtype=dtype,
+        fused=use_fused,
         tile_batch=options.tile_batch,
         tiling=tiling,
         output_rank=options.output_rank,
         attention_backends=options.attention_backends or ATTENTION_BACKENDS,
         offload=offload,
         max_gpu_memory=cap,
-        gemm=options.gemm,
-        attention=options.attention,
+        gemm=gemm,
+        attention=attention,
+        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention),
     )
 
 
 def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtime:
-    """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it. None means what it
-    means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank); tiling and
-    attention_backends need a value. The options that place the weights (device, dtype, offload,
+    """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it and decided as
+    `resolve` decides it (a change of `fused` chooses the kernels again, with runtime's gemm and attention).
+    None means what it means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank);
+    tiling and attention_backends need a value. The options that place the weights (device, dtype, offload,
     max_gpu_memory) are fixed at load: asking for them here is a ValueError, as is a name that is no option
     (naming the nearest one). Whether the backends run on the decoder's device is the decoder's check
     (`check_backends_run`)."""
@@ -155,6 +187,11 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     checked = {name: _CHECKS[name](value) for name, value in changes.items()}
     if "tiling" in checked:
         checked["tiling"].check(config)
+    if "fused" in checked:
+        use_fused = checked["fused"] = resolve_fused(checked["fused"], runtime.device)
+        if use_fused != runtime.fused:
+            r = runtime
+            checked["kernels"] = fused.choose_kernels(config, r.device, r.dtype, use_fused, r.gemm, r.attention)
     return dataclasses.replace(runtime, **checked) if checked else runtime
 
 
@@ -204,12 +241,38 @@ def _is_int(value) -> bool:
 def _check_fused(value) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"fused must be True or False, got {value!r}")
-    if value and importlib.util.find_spec("triton") is None:
-        raise ValueError(
-            "the fused path needs Triton (pip install triton); "
-            f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
-        )
     return value
+
+
+def _check_device(value) -> torch.device | None:
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {value!r} is not a device name: use 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {value!r} is not supported: use 'cpu' or 'cuda'")
+    return device
+
+
+# The compute dtypes by name: float32, or float16 for the release's fp16 recipe.
+DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _check_dtype(value) -> torch.dtype | None:
+    if value is None:
+        return None
+    dtype = DTYPE_NAMES.get(value) if isinstance(value, str) else value
+    if dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"dtype {value!r} is not supported: use torch.float32 ('fp32') or 'fp16' (release recipe)")
+    return dtype
+
+
+def _check_choice(name: str, value, kernels: tuple[str, str]) -> None:
+    default, hopper = kernels
+    if value not in ("auto", *kernels):
+        raise ValueError(f"{name} must be 'auto', '{default}' or '{hopper}', got {value!r}")
 
 
 def _check_tile_batch(value) -> int | None:
@@ -277,20 +340,16 @@ _CHECKS = {
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device to run on: as given, else CUDA when available, else the CPU."""
+    """The device to run on: as given (if this machine has it), else CUDA when available, else the CPU."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device {device!r} is not a device name: use 'cpu', 'cuda' or 'cuda:N'") from None
+    resolved = _check_device(device)
+    device = str(device) if isinstance(device, torch.device) else device  # as the user wrote it, in messages
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: no CUDA device is available; use 'cpu'")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r}: there are only {torch.cuda.device_count()} CUDA device(s)")
-    elif resolved.type != "cpu":
-        raise ValueError(f"device {device!r} is not supported: use 'cpu' or 'cuda'")
     return resolved
 
 
@@ -298,28 +357,24 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     """The recipe's compute dtype: float32, or float16 for the release's fp16 recipe (default on CUDA)."""
     if dtype is None:
         return torch.float16 if device.type == "cuda" else torch.float32
-    named = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-    resolved = named.get(dtype) if isinstance(dtype, str) else dtype
-    if resolved not in (torch.float32, torch.float16):
-        raise ValueError(f"dtype {dtype!r} is not supported: use torch.float32 ('fp32') or 'fp16' (release recipe)")
-    return resolved
+    return _check_dtype(dtype)
 
 
-def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
     """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
     recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
     CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
     ValueError naming what is missing. Nothing is imported here: quack's import (8-17 s on an H200) happens
     at load, beside the weights."""
-    from .fused import _quack  # where quack runs; importing it imports no quack
 
     def problem():
-        return _hopper_problem(device, dtype, fused, "GEMMs", _quack.installed, "quack-kernels and NVIDIA's CuTe DSL")
+        needs = "quack-kernels and NVIDIA's CuTe DSL"
+        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs)
 
     return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
 
 
-def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, fused: bool) -> str:
+def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
     """The fused path's attention. "fa4" runs where every part of it can: the fused path, the fp16 recipe, a
     Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
     picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
@@ -328,7 +383,7 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, 
 
     def problem():
         needs = "flash-attn-4, quack-kernels and NVIDIA's CuTe DSL"
-        return _hopper_problem(device, dtype, fused, "attention", flash_attention.installed, needs)
+        return _hopper_problem(device, dtype, use_fused, "attention", flash_attention.installed, needs)
 
     return _choose("attention", attention, ATTENTION_KERNELS, problem, "'sdpa'")
 
@@ -336,9 +391,8 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, 
 def _choose(name: str, value: str, kernels: tuple[str, str], problem, way_out: str) -> str:
     """The option `name`'s kernel: `kernels` is (the default one, the Hopper one). "auto" takes the Hopper one
     unless `problem()` says why it cannot run; asking for it then is a ValueError naming why and `way_out`."""
+    _check_choice(name, value, kernels)
     default, hopper = kernels
-    if value not in ("auto", *kernels):
-        raise ValueError(f"{name} must be 'auto', '{default}' or '{hopper}', got {value!r}")
     if value == default:
         return default
     missing = problem()
@@ -349,27 +403,31 @@ def _choose(name: str, value: str, kernels: tuple[str, str], problem, way_out: s
     return default
 
 
-def _hopper_problem(device: torch.device, dtype: torch.dtype, fused: bool, what: str, installed, needs: str):
+def _hopper_problem(device: torch.device, dtype: torch.dtype, use_fused: bool, what: str, installed, needs: str):
     """Why the `hopper` extra's kernel for the recipe's `what` cannot run with these settings (`installed()`:
     whether what it needs is installed, named `needs`), or None."""
-    from .fused import _quack as quack
-
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != quack.HOPPER:
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != fused.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
     if dtype != torch.float16:
         return f"runs the fp16 recipe's {what}, not fp32: choose fp16"
-    if not fused:
+    if not use_fused:
         return "runs on the fused path, not the eager one: turn the fused path on"
     if not installed():
-        return f"needs {needs}: {quack.INSTALL}"
+        return f"needs {needs}: {fused.INSTALL}"
     return None
 
 
 def resolve_fused(fused: bool | None, device: torch.device) -> bool:
-    """Explicit argument, else MINIMAX_H3_VAE_FUSED=0|1, else on for CUDA when Triton is importable."""
+    """Explicit argument, else MINIMAX_H3_VAE_FUSED=0|1 (read here and nowhere else), else on for CUDA when
+    Triton is importable. The fused path without Triton installed is a ValueError."""
     if fused is None:
         env = os.environ.get(FUSED_ENV, "").strip()
         if env and env not in ("0", "1"):
             raise ValueError(f"{FUSED_ENV}={env!r}: set it to 0 or 1")
         fused = env == "1" if env else device.type == "cuda" and importlib.util.find_spec("triton") is not None
-    return bool(_check_fused(fused))
+    if _check_fused(fused) and importlib.util.find_spec("triton") is None:
+        raise ValueError(
+            "the fused path needs Triton (pip install triton); "
+            f"or ask for the eager path with fused=False / {FUSED_ENV}=0"
+        )
+    return bool(fused)

@@ -46,9 +46,9 @@ def decode(checkpoint: str, out_dir: Path, rank: int) -> None:
     model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
     z = latents()
     for tile_batch in (1, 2, None):
-        model.tile_batch = tile_batch
+        model.configure(tile_batch=tile_batch)
         torch.save(model.decode(z), out_dir / f"rank{rank}_batch{tile_batch}.pt")
-    model.tile_batch, model.output_rank = 1, 1
+    model.configure(tile_batch=1, output_rank=1)
     torch.save(model.decode(z), out_dir / f"rank{rank}_output_rank1.pt")
     streamed = H3VideoDecoder.from_pretrained(checkpoint, device="cpu", offload="blocks", tile_batch=1)
     torch.save(streamed.decode(z), out_dir / f"rank{rank}_blocks_batch1.pt")

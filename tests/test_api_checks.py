@@ -79,4 +79,4 @@ def test_tile_batch_through_the_api(value, tiny):
     with pytest.raises(ValueError, match="tile_batch"):
         H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=value)
     with pytest.raises(ValueError, match="tile_batch"):
-        tiny.tile_batch = value
+        tiny.configure(tile_batch=value)

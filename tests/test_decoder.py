@@ -62,11 +62,11 @@ def test_progress_counts_every_tile(decoder):
 def test_tile_batch_does_not_change_the_result(decoder):
     z = latents(1, 24, 3, 18, 20)
     reference = decoder.decode(z)
-    decoder.tile_batch = 1
+    decoder.configure(tile_batch=1)
     try:
         out = decoder.decode(z)
     finally:
-        decoder.tile_batch = None
+        decoder.configure(tile_batch=None)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=0)
 
 

@@ -19,7 +19,7 @@ from checkpoints import random_diffusers_vae
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, comfyui, fused
 from minimax_h3_vae.diffusers import swap_decoder
 from minimax_h3_vae.fused import flash_attention
-from minimax_h3_vae.runtime import resolve_attention
+from minimax_h3_vae.runtime import check_machine, resolve_attention
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_fa4 = pytest.mark.skipif(
@@ -67,8 +67,8 @@ def test_nodes_and_swap_take_the_option_through_decode_options():
     or on the CPU (the swap: the VAE's device) is refused with the same words, and sdpa is taken."""
     assert comfyui._node_options("auto", 0, "auto", "sdpa").attention == "sdpa"
     refused = r"attention 'fa4' (needs a Hopper GPU|runs on the fused path, not the eager one)"
-    with pytest.raises(ValueError, match=refused):
-        comfyui._node_options("off", 0, "auto", "fa4")
+    with pytest.raises(ValueError, match=refused):  # the options are plain data: resolve's machine check
+        check_machine(comfyui._node_options("off", 0, "auto", "fa4"))
     with pytest.raises(ValueError, match="attention 'fa4' needs a Hopper GPU"):
         swap_decoder(random_diffusers_vae(seed=0), attention="fa4")
     vae = swap_decoder(random_diffusers_vae(seed=0), attention="sdpa")
@@ -110,12 +110,12 @@ def test_reference_is_softmax_attention():
 def test_select_ops_without_fa4_here_keeps_sdpa(recwarn):
     """Asked for fa4 where it cannot run (here: the CPU), select_ops warns, naming it, and the attention stays
     torch's SDPA."""
-    ops = fused.select_ops(
-        H3DecoderConfig(num_layers=1, num_heads=2), torch.device("cpu"), torch.float32, "cublas", "fa4"
+    kernels = fused.choose_kernels(
+        H3DecoderConfig(num_layers=1, num_heads=2), torch.device("cpu"), torch.float32, True, "cublas", "fa4"
     )
     assert "flash_attention (" in " ".join(str(w.message) for w in recwarn)
     assert "torch's SDPA runs instead" in " ".join(str(w.message) for w in recwarn)
-    assert ops.attention is blocks.EAGER_OPS.attention and not fused.uses_fa4(ops)
+    assert fused.ops_for(kernels).attention is blocks.EAGER_OPS.attention and not fused.uses_fa4(kernels)
 
 
 def test_sdpa_never_imports_the_fa4_module(monkeypatch):
@@ -129,18 +129,18 @@ def test_sdpa_never_imports_the_fa4_module(monkeypatch):
 
 
 def test_every_block_attends_through_the_ops(layouts):
-    """The block's attention is `ops.attention`: a decode whose op is swapped for a counting wrapper calls it
-    once per block and decoder call, and gives the same output."""
+    """The block's attention is `ops.attention`: a decoder call (the model's forward over tiles, which takes its
+    ops) with the op swapped for a counting wrapper calls it once per block, and gives the same output."""
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", dtype="fp32", fused=False)
-    z = torch.randn(1, 24, 2, 3, 4, generator=torch.Generator().manual_seed(1))
-    expected = decoder.decode(z)
+    tiles = torch.randn(2, 24, 2, 3, 4, generator=torch.Generator().manual_seed(1))
     calls = []
     model = decoder.decoder
-    ops = blocks.EAGER_OPS
+    ops = decoder.ops()
     counting = type(ops)(**{**vars(ops), "attention": lambda q, k, v: calls.append(q.shape) or ops.attention(q, k, v)})
-    decoder._ops[decoder._ops_key(decoder.runtime)] = counting
-    assert torch.equal(decoder.decode(z), expected)
-    assert calls and len(calls) % len(model.transformer_blocks) == 0
+    with torch.inference_mode():
+        expected = decoder(tiles, ops)
+        assert torch.equal(decoder(tiles, counting), expected)
+    assert calls and len(calls) == len(model.transformer_blocks)
 
 
 # ---- on a Hopper GPU with flash-attn-4 -----------------------------------------------------------------
@@ -157,9 +157,9 @@ def test_fa4_is_attention_within_its_roundings(batch, seq, heads, dtype):
     far less. So |o - ref| <= 2u (|ref| + max_j |v_j|) per row, twice the two roundings. The output is a view
     of a (B, S, H, D)-contiguous tensor, and the kernel ran."""
     q, k, v = projection_views(batch, seq, heads, 64, dtype, "cuda", seed=seq)
-    before = fused.launch_counts()["flash_attention"]
-    out = flash_attention.attention(q, k, v)
-    assert fused.launch_counts()["flash_attention"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = flash_attention.attention(q, k, v, launches=launches)
+    assert launches == {"flash_attention": 1}
     assert out.shape == q.shape and out.dtype == dtype and out.transpose(1, 2).is_contiguous()
     ref = flash_attention.attention_reference(q, k, v)
     bound = 2 * ROUNDOFF[dtype] * (ref.abs() + v.double().abs().amax(dim=(-2, -1), keepdim=True))
@@ -180,10 +180,12 @@ def test_decoder_on_fa4_is_as_close_to_fp32_as_sdpa(layouts):
         decoder = H3VideoDecoder.from_pretrained(
             layouts["original"], device="cuda", dtype="fp16", gemm="cublas", attention=attention
         )
-        assert decoder.runtime.attention == attention and fused.uses_fa4(decoder.ops()) == (attention == "fa4")
-        before = fused.launch_counts()
+        assert decoder.runtime.attention == attention and fused.uses_fa4(decoder.runtime.kernels) == (
+            attention == "fa4"
+        )
+        before = decoder.launch_counts()
         outs[attention] = decoder.decode(z)
-        launches[attention] = {k: v - before[k] for k, v in fused.launch_counts().items()}
+        launches[attention] = {k: v - before[k] for k, v in decoder.launch_counts().items()}
     layers = len(decoder.decoder.transformer_blocks)
     assert launches["fa4"]["flash_attention"] == launches["fa4"]["qk_rms_norm_rope"] > 0
     assert launches["fa4"]["flash_attention"] % layers == 0 and launches["sdpa"]["flash_attention"] == 0
@@ -196,6 +198,6 @@ def test_decoder_on_fa4_is_as_close_to_fp32_as_sdpa(layouts):
 @needs_fa4
 def test_load_builds_fa4_beside_the_weights(layouts):
     """The set-up thread imports flash-attn-4 and builds its kernel at load: one launch, none left over."""
-    before = fused.launch_counts()["flash_attention"]
-    H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", attention="fa4")
-    assert fused.launch_counts()["flash_attention"] == before + 1
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", attention="fa4")
+    assert decoder.launch_counts()["flash_attention"] == 1
+

@@ -31,9 +31,9 @@ def decode(layouts, latents, dtype, is_fused):
         layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused, gemm="cublas", attention="sdpa"
     )
     assert decoder.runtime.fused is is_fused
-    before = fused.launch_counts()
+    before = decoder.launch_counts()
     out = decoder.decode(latents)
-    after = fused.launch_counts()
+    after = decoder.launch_counts()
     return out, {name: after[name] - before[name] for name in after}
 
 
@@ -88,13 +88,15 @@ def test_fused_without_triton_is_a_clear_error(layouts, monkeypatch):
 
 
 def test_fused_choice_is_made_once_per_model(layouts, latents, monkeypatch):
-    """The ops are chosen once per model (on CUDA while the weights load, on the CPU at the first decode) and
-    reused; the kernels' own contract checks run per launch, but the choice is not redone per call."""
+    """The kernels are chosen once per model (when its options are resolved, at load) and its ops made once per
+    set of kernels and reused; the kernels' own contract checks run per launch, but the choice is not redone
+    per call."""
     calls = []
-    select = fused.select_ops
-    monkeypatch.setattr(fused, "select_ops", lambda *a: calls.append(a) or select(*a))
+    choose = fused.choose_kernels
+    monkeypatch.setattr(fused, "choose_kernels", lambda *a: calls.append(a) or choose(*a))
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device=DEVICE, dtype="fp32", fused=True)
-    assert len(calls) == (1 if DEVICE == "cuda" else 0)
+    assert len(calls) == 1
+    ops = decoder.ops()
     z = latents[:, :, :1, :1]  # the choice is checked, not the output: one small tile
     decoder.decode(z)
     decoder.decode(z)
@@ -103,37 +105,37 @@ def test_fused_choice_is_made_once_per_model(layouts, latents, monkeypatch):
     assert decoder.ops() is EAGER_OPS
     decoder.configure(fused=True)
     decoder.decode(z)
-    assert len(calls) == 1, "kept per (fused, device, dtype): switching back selects nothing again"
+    assert decoder.ops() is ops, "kept per set of kernels: switching back makes no new ops"
 
 
 def test_no_library_set_up_on_the_cpu(layouts):
     """The load's set-up thread is for CUDA only: on the CPU loading launches no kernel."""
-    before = fused.launch_counts()
-    H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", dtype="fp32", fused=True)
-    assert fused.launch_counts() == before
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", dtype="fp32", fused=True)
+    assert set(decoder.launch_counts().values()) == {0}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype):
+def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype, monkeypatch):
     """On CUDA each fused kernel is launched once while the weights load (Triton's one-time set-up moves
     off the first decode), the model keeps the ops selected there, and the output is the same as from a
     model whose set-up came with its first decode."""
-    before = fused.launch_counts()
     decoder = H3VideoDecoder.from_pretrained(
         layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas", attention="sdpa"
     )
-    after = fused.launch_counts()
+    after = decoder.launch_counts()
     # quack's run for gemm="quack" only, flash-attn-4's for attention="fa4" only, the audio decoder's never here
-    quack = (*fused.QUACK_KERNELS.values(), *fused.FA4_KERNELS.values(), "anti_aliased_snake_beta")
-    assert {name: after[name] - before[name] for name in after} == {name: int(name not in quack) for name in after}
+    quack = (*fused.QUACK_KERNELS, *fused.FA4_KERNELS, "anti_aliased_snake_beta")
+    assert after == {name: int(name not in quack) for name in after}
     ops = decoder.ops()
     assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
     assert ops.attention is EAGER_OPS.attention, "SDPA unless attention='fa4'"
+    # A decoder whose set-up came with its first decode (warm-up off) gives the same output.
+    monkeypatch.setattr(fused, "warm_up", lambda *args: None)
     late = H3VideoDecoder.from_pretrained(
         layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas", attention="sdpa"
     )
-    late._ops.clear()  # selected again at its first decode, as before the set-up thread existed
+    assert set(late.launch_counts().values()) == {0}
     assert torch.equal(decoder.decode(latents), late.decode(latents))
 
 
@@ -148,7 +150,7 @@ def test_failed_library_set_up_only_loses_the_head_start(layouts, latents, monke
 
     monkeypatch.setattr(fused, "warm_up", broken)
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", fused=True)
-    assert decoder._ops == {}
+    assert set(decoder.launch_counts().values()) == {0}, "the set-up launched nothing"
     assert torch.equal(decoder.decode(latents), reference.decode(latents))
 
 
@@ -188,9 +190,8 @@ def test_the_commands_ops_line_names_what_runs(capsys, tmp_path, monkeypatch):
     """MINIMAX_H3_VAE_FUSED=1 where no kernel can run (the CPU without the Triton interpreter): the line says
     eager, as the decode runs, not fused."""
     from minimax_h3_vae import fused
-    from minimax_h3_vae.blocks import EAGER_OPS
 
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
-    monkeypatch.setattr(fused, "select_ops", lambda *args: EAGER_OPS)
+    monkeypatch.setattr(fused, "choose_kernels", lambda *args: fused.EAGER_KERNELS)
     code, err = run_cli(capsys, small_latents(tmp_path), tmp_path / "o.safetensors")
     assert code == 0 and "eager ops" in err and "fused ops" not in err

@@ -19,8 +19,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from minimax_h3_vae import H3DecoderConfig, blocks  # noqa: E402
-from minimax_h3_vae.fused import launch_counts, select_ops  # noqa: E402
-from minimax_h3_vae.fused._common import interpreting  # noqa: E402
+from minimax_h3_vae.fused import interpreting, select_ops  # noqa: E402
+from minimax_h3_vae.fused import qk_rms_norm_rope as qk_module  # noqa: E402
+from minimax_h3_vae.fused import rms_norm as rms_norm_module  # noqa: E402
+from minimax_h3_vae.fused import tf32x3_linear as tf32x3_module  # noqa: E402
 from minimax_h3_vae.fused.qk_rms_norm_rope import qk_rms_norm_rope, qk_rms_norm_rope_reference  # noqa: E402
 from minimax_h3_vae.fused.rms_norm import rms_norm, rms_norm_reference  # noqa: E402
 from minimax_h3_vae.fused.scale_add_rms_norm import scale_add_rms_norm, scale_add_rms_norm_reference  # noqa: E402
@@ -85,9 +87,9 @@ def test_rms_norm_matches_reference_on_strided_rows(device, dtype, out_dtype):
     """3 x 23 = 69 rows (no multiple of the 32-row block) of 96 channels, inside a wider buffer."""
     x = randn(3, 23, 100, dtype=dtype, device=device)[..., 2:98]
     weight = norm_weight(96, device, seed=1)
-    before = launch_counts()["rms_norm"]
-    out = rms_norm(x, weight, EPS, out_dtype)
-    assert launch_counts()["rms_norm"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = rms_norm(x, weight, EPS, out_dtype, launches=launches)
+    assert launches == {"rms_norm": 1}
     assert out.is_contiguous()
     assert_matches(out, rms_norm_reference(x, weight, EPS, out_dtype))
 
@@ -111,9 +113,9 @@ def test_scale_add_rms_norm_updates_residual_in_place(device, dtype):
     scale = randn(72, device=device, seed=2)
     weight = norm_weight(72, device, seed=3)
     expected_residual, expected_normed = scale_add_rms_norm_reference(residual.clone(), y, scale, weight, EPS, dtype)
-    before = launch_counts()["scale_add_rms_norm"]
-    out_residual, normed = scale_add_rms_norm(residual, y, scale, weight, EPS, dtype)
-    assert launch_counts()["scale_add_rms_norm"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out_residual, normed = scale_add_rms_norm(residual, y, scale, weight, EPS, dtype, launches=launches)
+    assert launches == {"scale_add_rms_norm": 1}
     assert out_residual is residual
     # Exact: float(y) * scale, then + residual, two float32 roundings on both sides (the kernel never fuses them).
     torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)
@@ -131,9 +133,9 @@ def test_scale_add_without_norm_weight_only_adds(device):
     y = randn(37, 64, dtype=torch.float16, device=device, seed=1)[:, 8:56]
     scale = randn(48, device=device, seed=2)
     scale_add_rms_norm_reference(expected, y, scale, None, EPS, torch.float16)
-    before = launch_counts()["scale_add_rms_norm"]
-    out_residual, normed = scale_add_rms_norm(residual, y, scale, None, EPS, torch.float16)
-    assert launch_counts()["scale_add_rms_norm"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out_residual, normed = scale_add_rms_norm(residual, y, scale, None, EPS, torch.float16, launches=launches)
+    assert launches == {"scale_add_rms_norm": 1}
     assert out_residual is residual and normed is None
     torch.testing.assert_close(residual, expected, rtol=0, atol=0)
 
@@ -155,9 +157,9 @@ def test_qk_rms_norm_rope_matches_reference(device, dtype, head_dim, rotary):
     table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
     cos, sin = table[:, :rotary], table[:, rotary:]
 
-    before = launch_counts()["qk_rms_norm_rope"]
-    q, k, v = qk_rms_norm_rope(qkv, cos, sin, heads, EPS)
-    assert launch_counts()["qk_rms_norm_rope"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    q, k, v = qk_rms_norm_rope(qkv, cos, sin, heads, EPS, launches=launches)
+    assert launches == {"qk_rms_norm_rope": 1}
     expected_q, expected_k, expected_v = qk_rms_norm_rope_reference(qkv, cos, sin, heads, EPS)
     assert q.shape == (batch, heads, seq, head_dim)
     assert_rope_matches(q, expected_q, head_dim)
@@ -177,9 +179,9 @@ def test_silu_mul_matches_reference_on_strided_rows(device, dtype):
     one more: rtol = 2 eps. Nearly all elements must still be bit-identical.
     """
     h = randn(37, 5008, dtype=dtype, device=device)[:, 4:5004] * 4
-    before = launch_counts()["silu_mul"]
-    out = silu_mul(h)
-    assert launch_counts()["silu_mul"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = silu_mul(h, launches=launches)
+    assert launches == {"silu_mul": 1}
     expected = silu_mul_reference(h)
     assert out.shape == (37, 2500) and out.dtype == dtype and out.is_contiguous()
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-6
@@ -199,9 +201,9 @@ def test_tf32x3_linear_matches_reference_on_strided_rows(device, bias):
     x = randn(2, 75, 80, device=device)[..., 5:75]
     weight = randn(130, 70, device=device, seed=1) * 0.1
     b = randn(130, device=device, seed=2) if bias else None
-    before = launch_counts()["tf32x3_linear"]
-    out = linear_fp32(x, weight, b)
-    assert launch_counts()["tf32x3_linear"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = linear_fp32(x, weight, b, launches=launches)
+    assert launches == {"tf32x3_linear": 1}
     assert out.shape == (2, 75, 130) and out.dtype == torch.float32 and out.is_contiguous()
     exact = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
     scale = torch.nn.functional.linear(x.double().abs(), weight.double().abs()).max().item()
@@ -232,9 +234,9 @@ def test_tf32x3_linear_is_float32_accurate():
         randn(3072, device="cuda", seed=2),
     )
     exact = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
-    before = launch_counts()["tf32x3_linear"]
-    out = linear_fp32(x, weight, bias)
-    assert launch_counts()["tf32x3_linear"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = linear_fp32(x, weight, bias, launches=launches)
+    assert launches == {"tf32x3_linear": 1}
     plain = linear_fp32_reference(x, weight, bias)
     error, plain_error = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
     assert error <= 4 * plain_error + 1e-6, (error, plain_error)
@@ -252,7 +254,9 @@ LAUNCHERS = {
 def test_launchers_have_the_eager_signatures():
     for name, launcher in LAUNCHERS.items():
         fused, eager = inspect.signature(launcher), inspect.signature(getattr(blocks.EAGER_OPS, name))
-        assert list(fused.parameters) == list(eager.parameters)
+        # beyond the eager op's parameters, only the model's state that `fused.ops_for` binds (keyword-only)
+        state = [p.name for p in fused.parameters.values() if p.kind == p.KEYWORD_ONLY]
+        assert [p for p in fused.parameters if p not in state] == list(eager.parameters) and state == ["launches"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -261,7 +265,8 @@ def test_select_ops_takes_every_kernel_for_the_released_layout(device, dtype, re
     """The released widths and head layout on a device that runs the kernels: every op is its kernel, no
     warning."""
     ops = select_ops(H3DecoderConfig(num_layers=1), torch.device(device), dtype)
-    assert {name: getattr(ops, name) for name in LAUNCHERS} == LAUNCHERS
+    # each op is its launcher, with the model's launch counts bound in
+    assert {name: getattr(ops, name).func for name in LAUNCHERS} == LAUNCHERS
     assert not [w for w in recwarn if "fused path" in str(w.message)]
 
 
@@ -319,14 +324,17 @@ def test_launchers_refuse_calls_outside_the_contract(device, case):
     name, make_args = OUT_OF_CONTRACT[case]
     args = make_args(device)
     getattr(blocks.EAGER_OPS, name)(*make_args(device))  # the reference takes it
-    before = launch_counts()
+    launches = {}
     with pytest.raises(ValueError, match=name):
-        LAUNCHERS[name](*args)
-    assert launch_counts() == before
+        LAUNCHERS[name](*args, launches=launches)
+    assert launches == {}
 
 
 def test_launchers_refuse_the_cpu_without_the_interpreter(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    """A kernel built compiled (TRITON_INTERPRET unset when it was defined) refuses CPU tensors: the launcher
+    asks its kernel how it was built, never the environment (read once, when the kernels are chosen)."""
+    for module in (rms_norm_module, qk_module, tf32x3_module):
+        monkeypatch.setattr(module, "built_for_interpreter", lambda kernel: False)
     x, weight = randn(9, 40), norm_weight(40, "cpu", 1)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         rms_norm(x, weight, EPS, torch.float16)
@@ -340,8 +348,8 @@ def test_launchers_refuse_the_cpu_without_the_interpreter(monkeypatch):
 def test_empty_inputs_launch_nothing(device):
     x, weight = randn(0, 40, device=device), norm_weight(40, device, 1)
     qkv = randn(2, 0, 3 * 64, device=device)
-    before = launch_counts()
-    assert rms_norm(x, weight, EPS, torch.float16).shape == (0, 40)
-    q, k, v = qk_rms_norm_rope(qkv, qkv.new_empty(0, 48), qkv.new_empty(0, 48), 1, EPS)
+    launches = {}
+    assert rms_norm(x, weight, EPS, torch.float16, launches=launches).shape == (0, 40)
+    q, k, v = qk_rms_norm_rope(qkv, qkv.new_empty(0, 48), qkv.new_empty(0, 48), 1, EPS, launches=launches)
     assert q.shape == k.shape == v.shape == (2, 1, 0, 64)
-    assert launch_counts() == before
+    assert launches == {}

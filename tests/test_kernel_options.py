@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, cli, to_uint8_frames
 from minimax_h3_vae.fused import flash_attention
-from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve_attention, resolve_call, resolve_gemm
+from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve, resolve_attention, resolve_call, resolve_gemm
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 QUACK = importlib.util.find_spec("quack") is not None and importlib.util.find_spec("cutlass") is not None
@@ -105,7 +105,10 @@ def test_the_hopper_kernel_where_it_cannot_run_says_why(option, on_hopper, devic
 def test_the_option_is_checked_and_fixed_at_load(option):
     with pytest.raises(ValueError, match=option.choices):
         DecodeOptions(device="cpu", **{option.name: option.misspelt})
-    assert getattr(DecodeOptions(device="cpu"), option.name) == option.portable, "auto on the CPU"
+    assert getattr(DecodeOptions(device="cpu"), option.name) == "auto", "plain data: decided by resolve"
+    assert getattr(resolve(DecodeOptions(device="cpu"), H3DecoderConfig()), option.name) == option.portable, (
+        "auto on the CPU"
+    )
     assert getattr(Runtime(), option.name) == option.portable, "a decoder built directly imports nothing"
     with pytest.raises(ValueError, match=f"{option.name}: fixed when the decoder is loaded"):
         resolve_call(Runtime(), H3DecoderConfig(), **{option.name: option.hopper})

@@ -40,7 +40,8 @@ def test_blocks_equal_resident_bit_for_bit(one_thread, device, dtype, tile_batch
     streamed = H3VideoDecoder.from_pretrained(TINY, device=device, dtype=dtype, tile_batch=tile_batch, offload="blocks")
     assert (resident.runtime.offload, streamed.runtime.offload) == ("none", "blocks")
     if tile_batch is None:  # the automatic batch differs between the two paths: pin the resident one to it
-        resident.tile_batch = streamed.tile_batch = memory.STREAMED_TILE_BATCH
+        resident.configure(tile_batch=memory.STREAMED_TILE_BATCH)
+        streamed.configure(tile_batch=memory.STREAMED_TILE_BATCH)
     z = latents()
     order = record_block_order(streamed)
     expected = resident.decode(z)

@@ -56,14 +56,15 @@ def test_select_ops_without_quack_here_keeps_cublas_and_the_ops_after_it(recwarn
     runs as on the cuBLAS path: torch's linear followed by its op (the gate; the QK norm and RoPE), and proj_out
     as the cuBLAS path's (the Triton tf32x3_linear where the CPU interprets Triton, else the eager op)."""
     config = H3DecoderConfig(num_layers=1, num_heads=2)
-    ops = fused.select_ops(config, torch.device("cpu"), torch.float32, "quack")
+    kernels = fused.choose_kernels(config, torch.device("cpu"), torch.float32, True, "quack")
+    ops = fused.ops_for(kernels)
     messages = " ".join(str(w.message) for w in recwarn)
     assert "torch's linear and the silu_mul op run instead" in messages
     assert "torch's linear and the qk_rms_norm_rope op run instead" in messages
     # (where the CPU cannot run Triton at all, one reason is given for every kernel it names)
     assert "fp16x3_linear" in messages and ("CUDA device" in messages or "TRITON_INTERPRET" in messages)
-    assert not fused.uses_quack(ops)
-    assert ops.linear_fp32 is fused.select_ops(config, torch.device("cpu"), torch.float32, "cublas").linear_fp32
+    assert not fused.uses_quack(kernels)
+    assert kernels.linear_fp32 == fused.choose_kernels(config, torch.device("cpu"), torch.float32).linear_fp32
     x = torch.randn(3, 5, config.dim)
     weight, bias = torch.randn(2 * config.ffn_dim, config.dim), torch.randn(2 * config.ffn_dim)
     assert torch.equal(ops.linear_silu_mul(x, weight, bias), ops.silu_mul(F.linear(x, weight, bias)))
@@ -169,7 +170,7 @@ def test_qkv_epilogue_layout_is_the_release_norm_and_rope():
     acc = F.linear(x.double(), weight.double()[rows], bias.double()[rows]).view(2, 5, 3 * heads, dim)
     rstd = torch.rsqrt(acc.pow(2).mean(-1, keepdim=True) + 1e-5)
     y = (acc * (rstd * normed.double().view(-1, dim) + kept.double().view(-1, dim))).view(10, -1)
-    table = qkv_op._table(cos, sin, 2, dim, torch.float16).double()
+    table = qkv_op._table(cos, sin, 2, dim, torch.float16, None).double()
     assert table.shape == (10, 3 * dim)
     x1, x2 = y.view(10, heads, -1, 2).unbind(-1)
     c, s = table.view(10, 1, -1, 2).unbind(-1)
@@ -188,24 +189,33 @@ def test_qkv_rotation_table_takes_neox_tables_only():
     cos = cos.clone()
     cos[:, -1] += 1
     with pytest.raises(ValueError, match="repeat their first half"):
-        qkv_op._table(cos, sin, 1, 64, torch.float16)
+        qkv_op._table(cos, sin, 1, 64, torch.float16, None)
 
 
 def test_qkv_rotation_table_is_kept_per_table_and_rebuilt_after_a_change():
-    """One table per rotary table and batch (the decoder's tables live across calls, inference tensors
-    included); writing into cos builds a new one."""
+    """One table per rotary table and batch in the model's cache (`tables`, which its ops hold: the decoder's
+    tables live across calls, inference tensors included); writing into cos builds a new one."""
     _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
-    first = qkv_op._table(cos, sin, 2, 64, torch.float16)
-    assert qkv_op._table(cos, sin, 2, 64, torch.float16) is first
-    assert qkv_op._table(cos, sin, 3, 64, torch.float16).shape == (12, 192)
+    tables = {}
+    first = qkv_op._table(cos, sin, 2, 64, torch.float16, tables)
+    assert qkv_op._table(cos, sin, 2, 64, torch.float16, tables) is first
+    assert qkv_op._table(cos, sin, 3, 64, torch.float16, tables).shape == (12, 192)
     cos.mul_(0.5)
-    assert not torch.equal(qkv_op._table(cos, sin, 2, 64, torch.float16), first)
+    assert not torch.equal(qkv_op._table(cos, sin, 2, 64, torch.float16, tables), first)
     with torch.inference_mode():
         _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
-    assert qkv_op._table(cos, sin, 2, 64, torch.float16) is qkv_op._table(cos, sin, 2, 64, torch.float16)
-    kept = len(qkv_op._TABLES)
-    del cos, sin
-    assert len(qkv_op._TABLES) == kept - 1, "freed with its rotary table"
+    assert qkv_op._table(cos, sin, 2, 64, torch.float16, tables) is qkv_op._table(
+        cos, sin, 2, 64, torch.float16, tables
+    )
+    # The cache holds cos and sin themselves (so an id is never reused while its entry stands), is bounded,
+    # and goes with the model that holds it; without one nothing is kept.
+    assert any(entry[0] is cos and entry[1] is sin for entry in tables.values())
+    for batch in range(4, 4 + qkv_op.KEPT_TABLES):
+        qkv_op._table(cos, sin, batch, 64, torch.float16, tables)
+    assert len(tables) == qkv_op.KEPT_TABLES
+    assert qkv_op._table(cos, sin, 2, 64, torch.float16, None) is not qkv_op._table(
+        cos, sin, 2, 64, torch.float16, None
+    )
 
 
 def test_qkv_contract_is_checked_before_quack_is_touched():
@@ -256,9 +266,9 @@ def test_kernel_at_released_width_is_one_rounding_from_exact(rows, bias):
     x = torch.randn(rows, 2048, device="cuda", generator=g).half()
     weight = (torch.randn(16384, 2048, device="cuda", generator=g) / 2048**0.5).half()
     b = (torch.randn(16384, device="cuda", generator=g) * 0.1).half() if bias else None
-    before = fused.launch_counts()["linear_silu_mul"]
-    out = linear_silu_mul(x, weight, b)
-    assert fused.launch_counts()["linear_silu_mul"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    out = linear_silu_mul(x, weight, b, launches=launches)
+    assert launches == {"linear_silu_mul": 1}
     assert out.shape == (rows, 8192) and out.dtype == torch.float16
     exact, allowance = exact_and_allowance(x, weight, b)
     assert_one_rounding(out, exact, allowance)
@@ -320,9 +330,9 @@ def test_qkv_kernel_at_released_width_is_one_rounding_from_exact(batch, seq, dty
     and bf16: q and k (put back in the release's order) and v within one rounding of the float64 result, and
     closer to it on average than the release's fp16 steps."""
     x, weight, bias, cos, sin = qkv_case(batch, seq, 2048, 32, dtype, "cuda", seq)
-    before = fused.launch_counts()["linear_qk_rms_norm_rope"]
-    q, k, v = qkv_op.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 32, 1e-5)
-    assert fused.launch_counts()["linear_qk_rms_norm_rope"] == before + 1
+    launches = {}  # counted by the launcher, after its launch
+    q, k, v = qkv_op.linear_qk_rms_norm_rope(x, weight, bias, cos, sin, 32, 1e-5, launches=launches)
+    assert launches == {"linear_qk_rms_norm_rope": 1}
     assert q.shape == k.shape == v.shape == (batch, 32, seq, 64) and q.dtype == dtype
     exact, allowances = qkv_exact_and_allowance(x, weight, bias, cos, sin, 32, 1e-5)
     got = (release_order(q, 48), release_order(k, 48), v)
@@ -356,10 +366,10 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
         decoder = H3VideoDecoder.from_pretrained(
             layouts["original"], device="cuda", dtype="fp16", gemm=gemm, attention="sdpa"
         )
-        assert decoder.runtime.gemm == gemm and fused.uses_quack(decoder.ops()) == (gemm == "quack")
-        before = fused.launch_counts()
+        assert decoder.runtime.gemm == gemm and fused.uses_quack(decoder.runtime.kernels) == (gemm == "quack")
+        before = decoder.launch_counts()
         outs[gemm] = decoder.decode(z)
-        launches[gemm] = {k: v - before[k] for k, v in fused.launch_counts().items()}
+        launches[gemm] = {k: v - before[k] for k, v in decoder.launch_counts().items()}
     layers = len(decoder.decoder.transformer_blocks)
     assert launches["quack"]["linear_silu_mul"] == launches["cublas"]["silu_mul"] > 0
     assert launches["quack"]["linear_silu_mul"] % layers == 0 and launches["quack"]["silu_mul"] == 0
@@ -377,8 +387,8 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
 def test_load_builds_quack_beside_the_weights(layouts):
     """The set-up thread imports quack and builds its GEMMs at load: one launch each, none left for the first
     decode."""
-    before = fused.launch_counts()
-    H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
-    after = fused.launch_counts()
-    kernels = fused.QUACK_KERNELS.values()  # each counts its launches under its module's name
-    assert {name: after[name] - before[name] for name in kernels} == dict.fromkeys(kernels, 1)
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
+    after = decoder.launch_counts()
+    kernels = fused.QUACK_KERNELS  # each counts its launches under its module's name
+    assert {name: after[name] for name in kernels} == dict.fromkeys(kernels, 1)
+

@@ -42,16 +42,19 @@ def test_fused_default_on_cpu_is_off(layouts, monkeypatch):
 
 def test_a_decoder_built_directly_follows_the_same_default(monkeypatch):
     """Bug: Runtime() said fused=False while the resolver turns fused on for CUDA, so a decoder built
-    directly (as the benchmarks build it) ran eager. Now its fused=None is decided like every door's."""
+    directly (as the benchmarks build it) ran eager. Now it is resolved like every door's, once, when it is
+    built (for the default device it is built on): nothing is read again later."""
+    config = H3DecoderConfig(num_layers=1, num_heads=2)
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
-    model = H3VideoDecoder(H3DecoderConfig(num_layers=1, num_heads=2))
-    assert model.runtime.fused is None
-    assert model._ops_key(model.runtime)[0] is True
+    model = H3VideoDecoder(config)
+    assert model.runtime.fused is True
     monkeypatch.delenv("MINIMAX_H3_VAE_FUSED")
     on_cuda = torch.cuda.is_available()
-    assert model._ops_key(model.runtime)[0] is False, "on the CPU: eager"
+    assert H3VideoDecoder(config).runtime.fused is False, "on the CPU: eager"
+    assert model.runtime.fused is True, "decided when it was built: the environment is not read again"
     if on_cuda:
-        assert model.to("cuda")._ops_key(model.runtime)[0] is True
+        with torch.device("cuda"):
+            assert H3VideoDecoder(config).runtime.fused is True
 
 
 # ---- validation -----------------------------------------------------------------------------------------
@@ -63,7 +66,7 @@ def test_tile_batch_rejects_what_is_not_a_count(value, layouts):
         DecodeOptions(tile_batch=value)
     model = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=2)
     with pytest.raises(ValueError, match="tile_batch"):
-        model.tile_batch = value
+        model.configure(tile_batch=value)
     with pytest.raises(ValueError, match="tile_batch"):
         model.decode(torch.zeros(1, 24, 1, 2, 2), tile_batch=value)
     assert model.tile_batch == 2
@@ -72,7 +75,7 @@ def test_tile_batch_rejects_what_is_not_a_count(value, layouts):
 def test_tile_batch_through_the_model_and_from_pretrained(layouts):
     model = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=3)
     assert model.tile_batch == model.runtime.tile_batch == 3
-    model.tile_batch = None
+    model.configure(tile_batch=None)
     assert model.runtime.tile_batch is None
     with pytest.raises(ValueError, match="tile_batch"):
         H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", tile_batch=1.5)

@@ -28,13 +28,14 @@ class H3AudioDecoder(AudioDecoder):
 
     Build it with `H3AudioDecoder.from_pretrained(...)`; `decode(audio_latents)` is the whole release pipeline
     (denormalisation included). The checkpoint is `self.config`; `self.fused` says whether the anti-aliased
-    activations run as the Triton kernel.
+    activations run as the Triton kernel; `launch_counts()` counts this decoder's launches of it.
     """
 
     def __init__(self, config: H3AudioDecoderConfig, fused: bool = False):
         super().__init__(config)
         self.fused = fused
         self._ops: dict[torch.device, SimpleNamespace] = {}  # the fused path's ops, per device
+        self._launches: dict[str, int] = {}  # the kernel launches of those ops (`launch_counts`)
 
     @classmethod
     def from_pretrained(
@@ -88,8 +89,15 @@ class H3AudioDecoder(AudioDecoder):
         if self.device not in self._ops:
             from .. import fused
 
-            self._ops[self.device] = fused.select_audio_ops(self.device)
+            self._ops[self.device] = fused.select_audio_ops(self.device, self._launches)
         return self._ops[self.device]
+
+    def launch_counts(self) -> dict[str, int]:
+        """This decoder's kernel launches, per kernel (`fused.LAUNCH_NAMES`, as the video decoder's view):
+        'anti_aliased_snake_beta', and 0 for the video decoder's kernels."""
+        from .. import fused
+
+        return {name: self._launches.get(name, 0) for name in fused.LAUNCH_NAMES}
 
     def denormalize(self, audio_latents: torch.Tensor) -> torch.Tensor:
         """Pipeline audio latents (C, latent_channels, N) -> the decoder's input, float32 on its device:

@@ -3,19 +3,31 @@ GEMMs for w1 with the gate and for the attention's projection with the QK norm a
 and for the output projection over split fp16 operands; (attention="fa4") FlashAttention 4's Hopper kernel
 for the attention. For the audio decoder, the anti-aliased activation's kernel (`select_audio_ops`).
 
-`select_ops(config, device, dtype, gemm, attention)` builds a model's ops once: for each op, the kernel's launcher when
-the kernel can run on that device and dtype with the model's shapes and layouts, else the eager op from
-`blocks.py`, with one warning naming each kernel left out and why. The ops have the eager signatures; a
-launcher still checks its contract on every call and raises ValueError outside it, never a silent fallback.
+Two steps, each once per model:
 
-Importing this package imports no Triton: a kernel module is imported when `select_ops` first checks it,
-because `triton.jit` picks compiled or interpreted from TRITON_INTERPRET when the kernel is defined.
+    kernels = choose_kernels(config, device, dtype, fused, gemm, attention)   # at resolve: a `Kernels` record
+    ops = ops_for(kernels, launches)                                          # the ops the blocks call
+
+`choose_kernels` takes, for each op, the first of its kernels that can run with the model's shapes and
+layouts on that device and dtype (each kernel module's `model_call`, asked of its own `unsupported`), else
+the eager op from `blocks.py`, with one warning naming each kernel left out and why. `ops_for` wires the
+record's choices explicitly; the ops have the eager signatures, and a launcher still checks its contract on
+every call and raises ValueError outside it, never a silent fallback. Every launcher counts its launches into
+the model's `launches` (a `launch_counts()` view); the qkv GEMM keeps its rotation tables, and fp16x3 its
+split of the proj_out weight, in the model's ops (`STATE`).
+
+Importing this package imports no Triton: a kernel module is imported when `choose_kernels` first checks it,
+because `triton.jit` picks compiled or interpreted from TRITON_INTERPRET when the kernel is defined (read here,
+in `choose_kernels`, and never per launch: a launcher asks its kernel how it was built).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import warnings
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 
 import torch
@@ -24,29 +36,81 @@ import torch.nn.functional as F
 from .. import blocks
 from ..audio import model as audio_model
 from ..config import H3DecoderConfig
-from ._common import LAUNCHES, device_problem
+from ._common import LAUNCH_NAMES, placement_problem
+from ._quack import HOPPER, INSTALL
+from ._quack import installed as quack_installed
+from ._quack import load as load_quack
 
-__all__ = ["FUSED_OPS", "launch_counts", "select_audio_ops", "select_ops", "uses_fa4", "uses_quack", "warm_up"]
+__all__ = [
+    "EAGER_KERNELS",
+    "FUSED_OPS",
+    "HOPPER",
+    "INSTALL",
+    "LAUNCH_NAMES",
+    "Kernels",
+    "choose_kernels",
+    "interpreting",
+    "load_quack",
+    "ops_for",
+    "quack_installed",
+    "select_audio_ops",
+    "select_ops",
+    "uses_fa4",
+    "uses_quack",
+    "warm_up",
+]
 
-# op name (the eager op's name in blocks.EAGER_OPS) -> the module of its kernel.
-KERNELS = {
+
+@dataclass(frozen=True)
+class Kernels:
+    """What runs each op of the video decoder's blocks, decided once (`choose_kernels`); frozen.
+
+    rms_norm, scale_add_rms_norm, qk_rms_norm_rope, silu_mul: "triton" (the module of that name) or "eager".
+    linear_silu_mul, linear_qk_rms_norm_rope: "quack" (one GEMM with the work in its epilogue), "cublas+triton"
+    (torch's linear, then the silu_mul / qk_rms_norm_rope kernel) or "eager". attention: "fa4" (flash-attn-4)
+    or "sdpa" (torch's, with the run's attention_backends). linear_fp32 (proj_out): "fp16x3" (quack, split fp16
+    operands), "tf32x3" (Triton) or "eager".
+    """
+
+    rms_norm: str = "eager"
+    scale_add_rms_norm: str = "eager"
+    qk_rms_norm_rope: str = "eager"
+    silu_mul: str = "eager"
+    linear_silu_mul: str = "eager"
+    linear_qk_rms_norm_rope: str = "eager"
+    attention: str = "sdpa"
+    linear_fp32: str = "eager"
+
+
+EAGER_KERNELS = Kernels()
+
+# The Triton kernels of the fused path: op -> its module.
+TRITON = {
     "rms_norm": "rms_norm",
     "scale_add_rms_norm": "scale_add_rms_norm",
     "qk_rms_norm_rope": "qk_rms_norm_rope",
     "silu_mul": "silu_mul",
-    "linear_fp32": "tf32x3_linear",
 }
-# gemm="quack": the ops whose GEMM quack runs -> their modules. Where one cannot run, w1's and the projection's
-# op are torch's (cuBLAS) linear followed by the kernel (or eager op) named in AFTER_CUBLAS, and proj_out is
-# the kernel of KERNELS.
-QUACK_KERNELS = {
-    "linear_silu_mul": "linear_silu_mul",
-    "linear_qk_rms_norm_rope": "linear_qk_rms_norm_rope",
-    "linear_fp32": "fp16x3_linear",
+# Each kernel an op may run, by its name in `Kernels` -> its module (the launcher has the op's name).
+MODULES = {
+    **{(name, "triton"): module for name, module in TRITON.items()},
+    ("linear_fp32", "tf32x3"): "tf32x3_linear",
+    ("linear_fp32", "fp16x3"): "fp16x3_linear",
+    ("linear_silu_mul", "quack"): "linear_silu_mul",
+    ("linear_qk_rms_norm_rope", "quack"): "linear_qk_rms_norm_rope",
+    ("attention", "fa4"): "flash_attention",
 }
+# The state a model's launcher keeps, made fresh for each model's ops: the qkv GEMM's rotation tables, and
+# fp16x3's split of the proj_out weight (made once, not per call).
+STATE = {
+    ("linear_qk_rms_norm_rope", "quack"): lambda: {"tables": {}},
+    ("linear_fp32", "fp16x3"): lambda: {"weights": {}},
+}
+# w1's and the projection's op where quack's GEMM does not run: torch's (cuBLAS) linear followed by this op.
 AFTER_CUBLAS = {"linear_silu_mul": "silu_mul", "linear_qk_rms_norm_rope": "qk_rms_norm_rope"}
-# attention="fa4": the attention op -> its module (else SDPA, the eager op).
-FA4_KERNELS = {"attention": "flash_attention"}
+# The modules of gemm="quack" and attention="fa4" (the `hopper` extra).
+QUACK_KERNELS = ("linear_silu_mul", "linear_qk_rms_norm_rope", "fp16x3_linear")
+FA4_KERNELS = ("flash_attention",)
 # What runs when none of an op's kernels can (the warning says so); any other op: the eager one.
 EAGER_INSTEAD = "the eager op runs instead"
 INSTEAD = {
@@ -54,111 +118,117 @@ INSTEAD = {
     "attention": "torch's SDPA runs instead",
 }
 # The ops the fused path runs as kernels wherever they can (the attention is SDPA on both paths, unless fa4).
-FUSED_OPS = (*KERNELS, *AFTER_CUBLAS)
+FUSED_OPS = (*TRITON, "linear_fp32", *AFTER_CUBLAS)
 
 
-def launch_counts() -> dict[str, int]:
-    """Kernel launches since import, per kernel (its module's name): 'rms_norm', 'scale_add_rms_norm',
-    'qk_rms_norm_rope', 'silu_mul', 'tf32x3_linear', quack's 'linear_silu_mul', 'linear_qk_rms_norm_rope' and
-    'fp16x3_linear', flash-attn-4's 'flash_attention', and the audio decoder's 'anti_aliased_snake_beta'."""
-    return dict(LAUNCHES)
+def interpreting() -> bool:
+    """Whether TRITON_INTERPRET asks for Triton's CPU interpreter (read when the kernels are chosen)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-def _model_calls(
-    config: H3DecoderConfig, device: torch.device, dtype: torch.dtype, gemm: str, attention: str
-) -> dict[str, tuple]:
-    """Arguments shaped and laid out as the decoder passes them to each op that has a kernel of its own (two
-    tokens of one tile), zeros."""
-    c = config
-
-    def zeros(*shape, dtype=torch.float32):
-        return torch.zeros(*shape, dtype=dtype, device=device)
-
-    calls = {
-        "rms_norm": (zeros(1, 2, c.dim), zeros(c.dim), c.norm_eps, dtype),
-        "scale_add_rms_norm": (
-            zeros(1, 2, c.dim),
-            zeros(1, 2, c.dim, dtype=dtype),
-            zeros(c.dim),
-            zeros(c.dim),
-            c.norm_eps,
-            dtype,
-        ),
-        "qk_rms_norm_rope": (
-            zeros(1, 2, 3 * c.dim, dtype=dtype),
-            zeros(2, c.rope_dim),
-            zeros(2, c.rope_dim),
-            c.num_heads,
-            c.norm_eps,
-        ),
-        "silu_mul": (zeros(1, 2, 2 * c.ffn_dim, dtype=dtype),),
-        "linear_fp32": (zeros(1, 2, c.dim), zeros(c.patch_dim, c.dim), zeros(c.patch_dim)),
-    }
-    if gemm == "quack":  # full weights (w1's is 134 MB at the released size): only where quack's GEMMs are built
-        w1, qkv = (2 * c.ffn_dim, c.dim), (3 * c.dim, c.dim)
-        x = zeros(1, 2, c.dim, dtype=dtype)
-        calls["linear_silu_mul"] = (x, zeros(*w1, dtype=dtype), zeros(w1[0], dtype=dtype))
-        # A rotary table as rope builds them (NeoX halves equal), which the launcher checks.
-        calls["linear_qk_rms_norm_rope"] = (
-            x,
-            zeros(*qkv, dtype=dtype),
-            zeros(qkv[0], dtype=dtype),
-            zeros(2, c.rope_dim),
-            zeros(2, c.rope_dim),
-            c.num_heads,
-            c.norm_eps,
-        )
-    if attention == "fa4":  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
-        qkv = zeros(1, 2, c.num_heads, 3, c.head_dim, dtype=dtype).transpose(1, 2)
-        calls["attention"] = tuple(qkv.unbind(3))
-    return calls
+def uses_quack(kernels: Kernels) -> bool:
+    """Whether any GEMM of `kernels` runs on quack."""
+    return "quack" in (kernels.linear_silu_mul, kernels.linear_qk_rms_norm_rope) or kernels.linear_fp32 == "fp16x3"
 
 
-def warm_up(
-    ops: SimpleNamespace,
-    config: H3DecoderConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    gemm: str = "cublas",
-    attention: str = "sdpa",
-) -> None:
-    """Call each kernel of `ops` once on two zero tokens laid out as the decoder passes them. A process's
-    first Triton launch sets up Triton itself (its driver module, the launchers, the cached kernels: about
-    0.5 s on an H200), and quack's and flash-attn-4's first call of each kernel builds it (about 2-3 s each);
-    done here, in a thread beside the weight load, it is off the first decode's path."""
-    for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
-        getattr(ops, name)(*args)
-
-
-def uses_quack(ops: SimpleNamespace) -> bool:
-    """Whether `ops` (from select_ops) run any GEMM on quack."""
-    return _runs_any(ops, QUACK_KERNELS)
-
-
-def uses_fa4(ops: SimpleNamespace) -> bool:
-    """Whether `ops` (from select_ops) run the attention on flash-attn-4."""
-    return _runs_any(ops, FA4_KERNELS)
-
-
-def _runs_any(ops: SimpleNamespace, kernels: dict[str, str]) -> bool:
-    """Whether any op named in `kernels` (op -> module) is that module's launcher."""
-    return any(getattr(getattr(ops, name), "__module__", None) == f"{__name__}.{m}" for name, m in kernels.items())
+def uses_fa4(kernels: Kernels) -> bool:
+    """Whether the attention of `kernels` runs on flash-attn-4."""
+    return kernels.attention == "fa4"
 
 
 def _candidates(name: str, gemm: str, attention: str) -> list[str]:
-    """The modules whose kernel may run op `name`, the preferred first."""
-    chosen = [QUACK_KERNELS if gemm == "quack" else {}, FA4_KERNELS if attention == "fa4" else {}, KERNELS]
-    return [table[name] for table in chosen if name in table]
+    """The kernels (names in `Kernels`) that may run op `name`, the preferred first."""
+    wanted = {
+        "linear_fp32": [*(["fp16x3"] if gemm == "quack" else []), "tf32x3"],
+        "linear_silu_mul": ["quack"] if gemm == "quack" else [],
+        "linear_qk_rms_norm_rope": ["quack"] if gemm == "quack" else [],
+        "attention": ["fa4"] if attention == "fa4" else [],
+    }
+    return wanted.get(name, ["triton"])
 
 
-def _after_cublas(name: str, then):
-    """The eager op `name` (blocks.linear_silu_mul or blocks.linear_qk_rms_norm_rope) with `then` after torch's
-    (cuBLAS) linear in place of the eager op it calls."""
+def choose_kernels(
+    config: H3DecoderConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    fused: bool = True,
+    gemm: str = "cublas",
+    attention: str = "sdpa",
+) -> Kernels:
+    """The kernel of each op for a model of `config` on `device` with block linears in `dtype`: each kernel
+    that can run there, else the eager op (and one warning naming those kernels and why); `EAGER_KERNELS`
+    when not `fused`. gemm: "quack" takes quack's GEMMs for w1 and its gate, for the attention's projection
+    with its QK norm and RoPE, and for proj_out (fp16x3) where they run (this imports quack); "cublas" torch's
+    linear followed by the gate's and the norm's kernels, and proj_out as tf32x3. attention: "fa4" takes
+    flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's SDPA."""
+    if not fused:
+        return EAGER_KERNELS
+    device = torch.device(device)
+    # The device test comes first so that a kernel that cannot launch here is never defined.
+    problem = placement_problem(device, interpreting())
+    chosen, left_out = {}, {}  # (why, instead) -> the kernels left out
+    for name in (*FUSED_OPS, "attention"):  # the order of the warning's clauses
+        tried = []
+        for kernel in _candidates(name, gemm, attention):
+            module = MODULES[name, kernel]
+            imported = None if problem else importlib.import_module(f"{__name__}.{module}")
+            why = problem or imported.unsupported(*imported.model_call(config, device, dtype))
+            if why is None:
+                chosen[name] = kernel
+                break
+            tried.append((module, why))
+        if name in AFTER_CUBLAS and name not in chosen:
+            chosen[name] = "cublas+triton" if chosen.get(AFTER_CUBLAS[name]) == "triton" else "eager"
+        kernel = chosen.get(name)
+        instead = f"the {MODULES[name, kernel]} kernel runs instead" if (name, kernel) in MODULES else None
+        for module, why in tried:
+            left_out.setdefault((why, instead or INSTEAD.get(name, EAGER_INSTEAD)), []).append(module)
+    if left_out:  # one clause per reason: on the CPU all five kernels share one
+        clauses = []
+        for (why, instead), modules in left_out.items():
+            plural = instead == EAGER_INSTEAD and len(modules) > 1
+            clauses.append(f"{', '.join(modules)} ({why}; {'their eager ops run instead' if plural else instead})")
+        warnings.warn(
+            f"fused path on {device} with {dtype}: running without the kernel(s) {'; '.join(clauses)}",
+            stacklevel=3,
+        )
+    return Kernels(**chosen)
+
+
+def _launcher(name: str, kernel: str, launches: dict[str, int], **state):
+    """Op `name`'s launcher of `kernel`, counting into `launches` (and given the model's `state`)."""
+    module = importlib.import_module(f"{__name__}.{MODULES[name, kernel]}")
+    return functools.partial(getattr(module, name), launches=launches, **state)
+
+
+def _after_cublas(then):
+    """torch's (cuBLAS) linear followed by `then` (the eager signature of blocks.linear_silu_mul and
+    blocks.linear_qk_rms_norm_rope)."""
 
     def linear_then(x, weight, bias, *args):
         return then(F.linear(x, weight, bias), *args)
 
     return linear_then
+
+
+def ops_for(kernels: Kernels, launches: dict[str, int] | None = None) -> SimpleNamespace:
+    """The ops that run `kernels` (the eager ops, `blocks.EAGER_OPS`, for `EAGER_KERNELS`), their launches
+    counted into `launches` (the model's counts). Each call makes new ops with a rotation-table cache of their
+    own: a model keeps its ops (one set per `Kernels`)."""
+    if kernels == EAGER_KERNELS:
+        return blocks.EAGER_OPS
+    launches = {} if launches is None else launches
+    ops = {}
+    for field in fields(Kernels):
+        name, kernel = field.name, getattr(kernels, field.name)
+        if kernel == "cublas+triton":
+            ops[name] = _after_cublas(ops[AFTER_CUBLAS[name]])
+        elif (name, kernel) in MODULES:
+            state = STATE.get((name, kernel), dict)()
+            ops[name] = _launcher(name, kernel, launches, **state)
+        else:
+            ops[name] = getattr(blocks.EAGER_OPS, name)
+    return SimpleNamespace(**ops)
 
 
 def select_ops(
@@ -167,52 +237,30 @@ def select_ops(
     dtype: torch.dtype,
     gemm: str = "cublas",
     attention: str = "sdpa",
+    launches: dict[str, int] | None = None,
 ) -> SimpleNamespace:
-    """The decoder's ops for a model of `config` on `device` with block linears in `dtype`: each kernel that
-    can run there, else the eager op (and one warning naming those kernels and why). gemm: "quack" takes
-    quack's GEMMs for w1 and its gate, for the attention's projection with its QK norm and RoPE, and for
-    proj_out (fp16x3_linear) where they run (this imports quack); "cublas" torch's linear followed by the gate's
-    and the norm's kernels, and proj_out as tf32x3_linear.
-    attention: "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's
-    SDPA (the eager op)."""
-    ops, left_out = {"attention": blocks.EAGER_OPS.attention}, {}  # (why, instead) -> the kernels left out
-    for name, args in _model_calls(config, torch.device(device), dtype, gemm, attention).items():
-        # The device test comes first so that a kernel that cannot launch here is never defined.
-        problem = device_problem([a for a in args if isinstance(a, torch.Tensor)])
-        tried, chosen = [], None
-        for module in _candidates(name, gemm, attention):
-            kernel = None if problem else importlib.import_module(f"{__name__}.{module}")
-            why = problem or kernel.unsupported(*args)
-            if why is None:
-                chosen, ops[name] = module, getattr(kernel, name)
-                break
-            tried.append((module, why))
-        instead = f"the {chosen} kernel runs instead" if chosen else INSTEAD.get(name, EAGER_INSTEAD)
-        for module, why in tried:
-            left_out.setdefault((why, instead), []).append(module)
-        if chosen is None and name not in AFTER_CUBLAS:
-            ops[name] = getattr(blocks.EAGER_OPS, name)
-    for name, then in AFTER_CUBLAS.items():
-        if name not in ops:
-            eager = getattr(blocks.EAGER_OPS, then) is ops[then]
-            ops[name] = getattr(blocks.EAGER_OPS, name) if eager else _after_cublas(name, ops[then])
-    if left_out:  # one clause per reason: on the CPU all five kernels share one
-        clauses = []
-        for (why, instead), modules in left_out.items():
-            plural = instead == EAGER_INSTEAD and len(modules) > 1
-            clauses.append(f"{', '.join(modules)} ({why}; {'their eager ops run instead' if plural else instead})")
-        reasons = "; ".join(clauses)
-        warnings.warn(
-            f"fused path on {device} with {dtype}: running without the kernel(s) {reasons}",
-            stacklevel=3,
-        )
-    return SimpleNamespace(**ops)
+    """`ops_for(choose_kernels(config, device, dtype, True, gemm, attention), launches)`: the fused ops of a
+    model, for a caller that holds no decoder (the decoder keeps its `runtime.kernels` and its ops)."""
+    return ops_for(choose_kernels(config, device, dtype, True, gemm, attention), launches)
 
 
-def select_audio_ops(device: torch.device) -> SimpleNamespace:
+def warm_up(ops: SimpleNamespace, kernels: Kernels, config: H3DecoderConfig, device: torch.device, dtype) -> None:
+    """Call each kernel of `ops` (made by `ops_for(kernels)`) once on two zero tokens laid out as the decoder
+    passes them. A process's first Triton launch sets up Triton itself (its driver module, the launchers, the
+    cached kernels: about 0.5 s on an H200), and quack's and flash-attn-4's first call of each kernel builds it
+    (about 2-3 s each); done in a thread beside the weight load, it is off the first decode's path."""
+    device = torch.device(device)
+    for field in fields(Kernels):
+        name, kernel = field.name, getattr(kernels, field.name)
+        if (name, kernel) in MODULES:
+            module = importlib.import_module(f"{__name__}.{MODULES[name, kernel]}")
+            getattr(ops, name)(*module.model_call(config, device, dtype))
+
+
+def select_audio_ops(device: torch.device, launches: dict[str, int] | None = None) -> SimpleNamespace:
     """The audio decoder's ops on `device`: the anti-aliased activation's kernel where it can run (float32
-    activations laid out as the decoder holds them), else the eager op, with one warning naming the kernel and
-    why."""
+    activations laid out as the decoder holds them), counting into `launches`, else the eager op, with one
+    warning naming the kernel and why."""
     device = torch.device(device)
     channels = 2
     args = (
@@ -223,11 +271,12 @@ def select_audio_ops(device: torch.device) -> SimpleNamespace:
         torch.zeros(1, 1, audio_model.FILTER_TAPS, device=device),
     )
     # The device test comes first so that a kernel that cannot launch here is never defined.
-    problem = device_problem(args)
+    problem = placement_problem(device, interpreting())
     kernel = None if problem else importlib.import_module(f"{__name__}.anti_aliased_snake_beta")
     why = problem or kernel.unsupported(*args)
     if why is None:
-        return SimpleNamespace(anti_aliased_snake_beta=kernel.anti_aliased_snake_beta)
+        launcher = functools.partial(kernel.anti_aliased_snake_beta, launches={} if launches is None else launches)
+        return SimpleNamespace(anti_aliased_snake_beta=launcher)
     warnings.warn(
         f"fused path on {device}: running without the kernel(s) anti_aliased_snake_beta ({why}; the eager op runs "
         "instead)",

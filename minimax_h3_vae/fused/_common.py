@@ -1,13 +1,13 @@
 """Contract checks and launch bookkeeping shared by the fused ops. Imports no Triton.
 
 Whether `triton.jit` builds a compiled or an interpreted kernel is decided when the kernel is defined, from
-TRITON_INTERPRET. The kernel modules are therefore imported only when a call is about to launch, and this
-module (which the package imports eagerly) stays free of Triton.
+TRITON_INTERPRET. The kernel modules are therefore imported only once the ops are chosen (`fused.choose_kernels`),
+and this module (which the package imports eagerly) stays free of Triton. After that a launcher asks the kernel
+how it was built (`_triton_utils.built_for_interpreter`), never the environment.
 """
 
 from __future__ import annotations
 
-import os
 from numbers import Real
 
 import torch
@@ -19,40 +19,52 @@ MAX_GRID_YZ = 65535
 # The row kernels hold a whole row in one block; wider rows would spill registers.
 MAX_ROW_WIDTH = 8192
 
-LAUNCHES = {
-    "rms_norm": 0,
-    "scale_add_rms_norm": 0,
-    "qk_rms_norm_rope": 0,
-    "silu_mul": 0,
-    "tf32x3_linear": 0,
-    "fp16x3_linear": 0,
-    "linear_silu_mul": 0,
-    "linear_qk_rms_norm_rope": 0,
-    "flash_attention": 0,
-    "anti_aliased_snake_beta": 0,
-}
+# The kernels whose launches are counted (a model's `launch_counts()`), by their modules' names.
+LAUNCH_NAMES = (
+    "rms_norm",
+    "scale_add_rms_norm",
+    "qk_rms_norm_rope",
+    "silu_mul",
+    "tf32x3_linear",
+    "fp16x3_linear",
+    "linear_silu_mul",
+    "linear_qk_rms_norm_rope",
+    "flash_attention",
+    "anti_aliased_snake_beta",
+)
 
 
-def count_launch(name: str) -> None:
-    LAUNCHES[name] += 1
+def count_launch(launches: dict[str, int] | None, name: str) -> None:
+    """One launch of kernel `name` into `launches` (a model's counts, bound into its ops; None: not counted)."""
+    if launches is not None:
+        launches[name] = launches.get(name, 0) + 1
 
 
-def interpreting() -> bool:
-    """Whether TRITON_INTERPRET asks for Triton's CPU interpreter, read now (not at import)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+def zeros(device: torch.device, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Zeros for a kernel module's `model_call` (arguments laid out as the decoder passes them)."""
+    return torch.zeros(*shape, dtype=dtype, device=device)
 
 
-def device_problem(tensors, kernel_interpreted: bool = True) -> str | None:
-    """Why the kernels cannot run on these tensors' device, or None.
+def linear_fp32_call(config, device: torch.device) -> tuple:
+    """proj_out's call as the decoder makes it (two tokens of one tile), for both proj_out kernels."""
+    c = config
+    return (zeros(device, 1, 2, c.dim), zeros(device, c.patch_dim, c.dim), zeros(device, c.patch_dim))
 
-    CUDA always works (an interpreted kernel copies CUDA tensors through the host). The CPU needs the
-    interpreter both now and when the kernel was defined.
-    """
+
+def device_problem(tensors, kernel_interpreted: bool) -> str | None:
+    """Why a kernel (built for Triton's CPU interpreter: `kernel_interpreted`) cannot run on these tensors'
+    device, or None. CUDA always works (an interpreted kernel copies CUDA tensors through the host); the CPU
+    needs a kernel built for the interpreter."""
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         return f"all tensors must be on one device, got {sorted(str(d) for d in devices)}"
-    device = devices.pop()
-    if device.type == "cuda" or (device.type == "cpu" and interpreting() and kernel_interpreted):
+    return placement_problem(devices.pop(), kernel_interpreted)
+
+
+def placement_problem(device: torch.device, interpreted: bool) -> str | None:
+    """Why the Triton kernels cannot run on `device` when they are (to be) built for the interpreter
+    (`interpreted`), or None."""
+    if device.type == "cuda" or (device.type == "cpu" and interpreted):
         return None
     return (
         f"tensors on {device} need a CUDA device, or the CPU with TRITON_INTERPRET=1 set before the "

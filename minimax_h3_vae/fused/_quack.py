@@ -69,17 +69,23 @@ def gemm_config():
     return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)
 
 
+def judge_import(what: str, installed: bool, missing: str, load) -> str | None:
+    """Why `what` cannot be used here: `missing` when it is not `installed`, or why `load()` failed; None once
+    it is imported."""
+    if not installed:
+        return f"{missing} ({INSTALL})"
+    try:
+        load()
+    except Exception as error:  # an install that does not import: report it, the caller falls back
+        return f"{what} did not import ({type(error).__name__}: {error})"
+    return None
+
+
 @functools.cache
 def import_problem() -> str | None:
     """Why quack cannot be used here, or None once it is imported. Decided once per process: every launch asks,
     and looking for the install scans the import path (~65 us)."""
-    if not installed():
-        return f"quack-kernels and nvidia-cutlass-dsl are not installed ({INSTALL})"
-    try:
-        load()
-    except Exception as error:  # an install that does not import: report it, the caller falls back
-        return f"quack did not import ({type(error).__name__}: {error})"
-    return None
+    return judge_import("quack", installed(), "quack-kernels and nvidia-cutlass-dsl are not installed", load)
 
 
 def tensors_problem(tensors: list[torch.Tensor], dtypes: tuple[torch.dtype, ...] = DTYPES) -> str | None:

@@ -6,11 +6,17 @@ import triton
 import triton.language as tl
 
 
-def row_tiling(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps) for a kernel that holds whole rows: BLOCK_C covers the row, and short rows
-    are packed several to a program so that each program still moves about 4096 elements."""
+def row_launch(n_rows: int, n_cols: int) -> tuple[tuple[int], dict[str, int]]:
+    """(grid, meta) of a kernel that holds whole rows, launched `kernel[grid](..., **meta)`: meta's BLOCK_C
+    covers the row, and short rows are packed BLOCK_R to a program so that each program still moves about
+    4096 elements (num_warps: 8 from 4096 columns)."""
     block_c = triton.next_power_of_2(n_cols)
-    return max(1, 4096 // block_c), block_c, 8 if block_c >= 4096 else 4
+    block_r = max(1, 4096 // block_c)
+    return (triton.cdiv(n_rows, block_r),), {
+        "BLOCK_R": block_r,
+        "BLOCK_C": block_c,
+        "num_warps": 8 if block_c >= 4096 else 4,
+    }
 
 
 def built_for_interpreter(kernel) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 from triton.language.extra import libdevice
 
 from ..audio.model import FILTER_TAPS
@@ -145,8 +146,8 @@ def unsupported(x, freq, inv_mag, up_filter, down_filter) -> str | None:
 
 
 def anti_aliased_snake_beta(
-    x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, up_filter: torch.Tensor, down_filter: torch.Tensor
-) -> torch.Tensor:
+    x: Tensor, freq: Tensor, inv_mag: Tensor, up_filter: Tensor, down_filter: Tensor, *, launches=None
+) -> Tensor:
     """`audio.model.anti_aliased_snake_beta` in one launch.
 
     x: (B, C, L) float32, contiguous. freq, inv_mag: float32, contiguous, C values ((1, C, 1) as the decoder
@@ -179,5 +180,5 @@ def anti_aliased_snake_beta(
         num_warps=4,
         **NO_FMA,
     )
-    count_launch("anti_aliased_snake_beta")
+    count_launch(launches, "anti_aliased_snake_beta")
     return out

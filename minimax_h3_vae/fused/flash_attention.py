@@ -10,7 +10,8 @@ It reads q, k and v in place (strided views of the projection's output are fine)
 contiguous, the layout the block reshapes to (B, S, H * D) without a copy.
 
 flash-attn-4 imports quack and the CuTe DSL (8-17 s in a fresh process) and builds its kernel on the first
-call of a shape class (~2 s); the decoder does both at load (`fused.warm_up`).
+call of a shape class (~2 s); the decoder does both at load (the import when its kernels are chosen,
+`fused.choose_kernels`; the build beside the weight load, `fused.warm_up`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import math
 import torch
 
 from . import _quack
-from ._common import count_launch, grad_problem
+from ._common import count_launch, grad_problem, zeros
 
-__all__ = ["attention", "attention_reference", "import_problem", "installed", "unsupported"]
+__all__ = ["model_call", "attention", "attention_reference", "import_problem", "installed", "unsupported"]
 
 # The distribution that ships `flash_attn.cute` (its Hopper forward), and the head dims used with it here.
 DISTRIBUTION = "flash-attn-4"
@@ -51,13 +52,8 @@ def _flash_attn_func():
 def import_problem() -> str | None:
     """Why flash-attn-4 cannot be used here, or None once it is imported. Decided once per process: every launch
     asks, and looking for the install reads the installed distributions (~110 us)."""
-    if not installed():
-        return f"flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed ({_quack.INSTALL})"
-    try:
-        _flash_attn_func()
-    except Exception as error:  # an install that does not import: report it, the caller falls back
-        return f"flash-attn-4 did not import ({type(error).__name__}: {error})"
-    return None
+    missing = "flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed"
+    return _quack.judge_import("flash-attn-4", installed(), missing, _flash_attn_func)
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -65,6 +61,13 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     q, k, v = (t.double() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     return torch.softmax(scores, dim=-1) @ v
+
+
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c = config  # q, k, v as strided views of the projection's (B, S, H, 3, D) output
+    qkv = zeros(device, 1, 2, c.num_heads, 3, c.head_dim, dtype=dtype).transpose(1, 2)
+    return tuple(qkv.unbind(3))
 
 
 def unsupported(q, k, v) -> str | None:
@@ -89,7 +92,9 @@ def unsupported(q, k, v) -> str | None:
     return grad_problem([q, k, v]) or import_problem()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, launches: dict[str, int] | None = None
+) -> torch.Tensor:
     """`F.scaled_dot_product_attention(q, k, v)` (no mask, scale 1/sqrt(D)) by flash-attn-4's Hopper kernel.
 
     q, k, v: (B, H, S, D) float16/bfloat16 on one Hopper GPU, head dim contiguous, strides 16-byte aligned
@@ -102,5 +107,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     if not q.numel():
         return torch.empty_like(q)
     out, _ = _flash_attn_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    count_launch("flash_attention")
+    count_launch(launches, "flash_attention")
     return out.transpose(1, 2)

@@ -34,11 +34,19 @@ import triton
 import triton.language as tl
 
 from ..blocks import linear_fp32 as linear_fp32_reference
-from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem, linear_fp32_problem
+from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem, linear_fp32_call, linear_fp32_problem
 from ._quack import ALIGN, gemm_config, import_problem, tensors_problem
-from ._triton_utils import row_tiling
+from ._triton_utils import row_launch
 
-__all__ = ["linear_fp32", "linear_fp32_reference", "split_rows", "split_rows_reference", "unsupported"]
+__all__ = [
+    "linear_fp32",
+    "linear_fp32_reference",
+    "model_call",
+    "split_rows",
+    "split_rows_reference",
+    "split_weight",
+    "unsupported",
+]
 
 # The scale puts a row's largest magnitude in [2^TOP, 2^(TOP + 1)), below fp16's largest finite (65504).
 TOP = 14
@@ -98,21 +106,9 @@ def split_rows(t: torch.Tensor, lo_segment: int) -> tuple[torch.Tensor, torch.Te
     parts = torch.empty(n_rows, 3 * n_cols, dtype=torch.float16, device=t.device)
     inv_scale = torch.empty(n_rows, dtype=torch.float32, device=t.device)
     if n_rows:
-        block_r, block_c, warps = row_tiling(n_cols)
-        _split_rows_kernel[(triton.cdiv(n_rows, block_r),)](
-            t,
-            parts,
-            inv_scale,
-            n_rows,
-            n_cols,
-            t.stride(0),
-            LO_SEGMENT=lo_segment,
-            TOP=TOP,
-            MAX_SHIFT=MAX_SHIFT,
-            BLOCK_R=block_r,
-            BLOCK_C=block_c,
-            num_warps=warps,
-        )
+        grid, meta = row_launch(n_rows, n_cols)
+        constants = {"LO_SEGMENT": lo_segment, "TOP": TOP, "MAX_SHIFT": MAX_SHIFT}
+        _split_rows_kernel[grid](t, parts, inv_scale, n_rows, n_cols, t.stride(0), **constants, **meta)
     return parts, inv_scale
 
 
@@ -146,6 +142,11 @@ def _epilogue():
     return unscale
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    return linear_fp32_call(config, device)
+
+
 def unsupported(x, weight, bias) -> str | None:
     """Why `linear_fp32(x, weight, bias)` is outside the kernel's contract, or None (this imports quack)."""
     tensors = [t for t in (x, weight, bias) if t is not None]
@@ -158,14 +159,37 @@ def unsupported(x, weight, bias) -> str | None:
     return grad_problem(tensors) or import_problem()
 
 
-def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def split_weight(weight: torch.Tensor, weights: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`split_rows(weight, lo_segment=1)`, kept in `weights` (the model's cache, bound into its ops):
+    id(weight) -> (weight, its version, the split). The weight is held (its id is never reused while its
+    entry stands) and split again when written in place; the model's proj_out weight is so split once, not
+    per call. None: no cache."""
+    key, version = id(weight), None if weight.is_inference() else weight._version
+    hit = weights.get(key) if weights is not None else None
+    if hit and hit[0] is weight and hit[1] == version:
+        return hit[2]
+    split = split_rows(weight, lo_segment=1)
+    if weights is not None:
+        weights.clear()  # one proj_out per model: the weight it replaces is not used again
+        weights[key] = (weight, version, split)
+    return split
+
+
+def linear_fp32(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    launches: dict[str, int] | None = None,
+    weights: dict | None = None,
+) -> torch.Tensor:
     """`F.linear(x, weight, bias)` in float32 as one fp16 GEMM over split operands (module docstring).
 
     x: (..., K) float32 on a Hopper GPU, last dim contiguous, leading dims flattening to one row stride.
     weight: (N, K) float32, last dim contiguous. bias: (N,) float32 contiguous, or None. K a multiple of 8 up
     to 8192, N a multiple of 4. Returns a new contiguous (..., N) float32 tensor: the product summed by fp16
     tensor cores into float32 at depth 3K (the module docstring has the accuracy). Raises ValueError outside
-    this contract.
+    this contract. weights: the model's cache of the weight's split (`split_weight`).
     """
     problem = unsupported(x, weight, bias)
     if problem:
@@ -175,7 +199,7 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=x.device)
     if out.numel():
         x_parts, row_scale = split_rows(rows, lo_segment=2)
-        w_parts, col_scale = split_rows(weight, lo_segment=1)
+        w_parts, col_scale = split_weight(weight, weights)
         _epilogue()(
             x_parts,
             w_parts.T,
@@ -186,5 +210,5 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             col_scale=col_scale,
             row_scale=row_scale,
         )
-        count_launch("fp16x3_linear")
+        count_launch(launches, "fp16x3_linear")
     return out.view(*x.shape[:-1], n)

@@ -29,15 +29,14 @@ of `linear_qk_rms_norm_rope_reference` (float32 throughout) and more accurate th
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from ._common import as_rows, count_launch, grad_problem, is_number
+from ._common import as_rows, count_launch, grad_problem, is_number, zeros
 from ._quack import ALIGN, TILE_N, gemm_config, import_problem, tensors_problem
 
-__all__ = ["linear_qk_rms_norm_rope", "linear_qk_rms_norm_rope_reference", "pair_order", "unsupported"]
+__all__ = ["model_call", "linear_qk_rms_norm_rope", "linear_qk_rms_norm_rope_reference", "pair_order", "unsupported"]
 
 
 def pair_order(head_dim: int, rotary: int) -> torch.Tensor:
@@ -118,10 +117,8 @@ def _layout(num_heads: int, head_dim: int, rotary: int, device: torch.device):
     return rows.to(device), normed.to(device), (1.0 - normed).to(device)
 
 
-# The rotation tables in use: (id(cos), id(sin), batch, dtype) -> (cos, sin weak references, their versions,
-# the table). A table is reused only while both tensors live unchanged, and dropped when cos is freed.
-_TABLES: dict[tuple, tuple] = {}
-_KEPT_TABLES = 4
+# Rotation tables kept per model (its ops hold one `tables` dict), at most this many: one per tile shape in use.
+KEPT_TABLES = 4
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -130,14 +127,20 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _table(cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+def _table(
+    cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtype: torch.dtype, tables: dict | None
+) -> torch.Tensor:
     """(batch * S, 3 * head_dim) in `dtype`: per row and adjacent column pair (2j, 2j + 1) of a head's
     [q | k | v], (cos, sin) of the rotation, (1, 0) where nothing rotates. Checks the NeoX halves once per
-    table (one synchronisation)."""
+    table (one synchronisation).
+
+    tables: the model's cache, (id(cos), id(sin), batch, dtype) -> (cos, sin, their versions, the table). It
+    holds cos and sin themselves (the model's rotary tables, which live as long as the model), so an id is
+    never reused while its entry stands, and an entry is used only while both are unchanged. None: no cache."""
     key = (id(cos), id(sin), batch, dtype)
     versions = (_version(cos), _version(sin))
-    hit = _TABLES.get(key)
-    if hit and hit[0]() is cos and hit[1]() is sin and hit[2] == versions:
+    hit = tables.get(key) if tables is not None else None
+    if hit and hit[0] is cos and hit[1] is sin and hit[2] == versions:
         return hit[3]
     seq, rotary = cos.shape
     half = rotary // 2
@@ -148,12 +151,20 @@ def _table(cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtyp
     pairs[:, :2, :half, 0] = cos[:, None, :half].to(dtype)
     pairs[:, :2, :half, 1] = sin[:, None, :half].to(dtype)
     table = pairs.view(seq, 3 * head_dim).repeat(batch, 1)
-    if len(_TABLES) >= _KEPT_TABLES:
-        _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[key] = (weakref.ref(cos), weakref.ref(sin), versions, table)
-    # The table's memory goes with the rotary table it was built from (a decoder freed frees both).
-    weakref.finalize(cos, _TABLES.pop, key, None)
+    if tables is not None:
+        if len(tables) >= KEPT_TABLES:
+            tables.pop(next(iter(tables)))
+        tables[key] = (cos, sin, versions, table)
     return table
+
+
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c, rows = config, 3 * config.dim
+    x, weight, bias = (zeros(device, *shape, dtype=dtype) for shape in ((1, 2, c.dim), (rows, c.dim), (rows,)))
+    # A rotary table as rope builds them (NeoX halves equal), which the launcher checks.
+    table = zeros(device, 2, c.rope_dim)
+    return (x, weight, bias, table, table.clone(), c.num_heads, c.norm_eps)
 
 
 def unsupported(x, weight, bias, cos, sin, num_heads, eps) -> str | None:
@@ -197,6 +208,9 @@ def linear_qk_rms_norm_rope(
     sin: torch.Tensor,
     num_heads: int,
     eps: float,
+    *,
+    launches: dict[str, int] | None = None,
+    tables: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`blocks.linear_qk_rms_norm_rope` as one GEMM, the norm and rotation applied to the float32 accumulator.
 
@@ -206,6 +220,7 @@ def linear_qk_rms_norm_rope(
     halves of each row equal (NeoX: `rope.rotary_table`). Returns q, k, v: (B, H, S, D) views of one new
     (B, S, H, 3, D)-contiguous tensor of x's dtype. v is in the release's dim order; q and k have their head
     dims in `pair_order(D, R)` (attention's q . k is the release's). Raises ValueError outside this contract.
+    tables: the model's rotation-table cache (`_table`), bound into its ops with `launches`.
     """
     problem = unsupported(x, weight, bias, cos, sin, num_heads, eps)
     if problem:
@@ -225,8 +240,8 @@ def linear_qk_rms_norm_rope(
             rstd=head_dim,
             normed=normed,
             kept=kept,
-            table=_table(cos, sin, batch, head_dim, x.dtype),
+            table=_table(cos, sin, batch, head_dim, x.dtype, tables),
         )
-        count_launch("linear_qk_rms_norm_rope")
+        count_launch(launches, "linear_qk_rms_norm_rope")
     q, k, v = out.transpose(1, 2).unbind(3)
     return q, k, v

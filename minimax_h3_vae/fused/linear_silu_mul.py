@@ -12,7 +12,8 @@ output, the silu, the product), so this op is more accurate than the eager one a
 quack reads w1's rows as released ([gate; value] halves): `concat_layout` makes the kernel see them
 interleaved, so nothing is rewritten at load. One compiled kernel serves every row count M (quack keys its
 builds on dtypes, layouts and alignment, not on M); the first call in a process builds it (~3 s on an
-H200) and importing quack costs 8-17 s, so the decoder does both at load (`fused.warm_up`).
+H200) and importing quack costs 8-17 s, so the decoder does both at load (the import when its kernels are
+chosen, `fused.choose_kernels`; the build beside the weight load, `fused.warm_up`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ._common import as_rows, count_launch, grad_problem
+from ._common import as_rows, count_launch, grad_problem, zeros
 from ._quack import ALIGN, gemm_config, import_problem, load, tensors_problem
 
-__all__ = ["linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
+__all__ = ["model_call", "linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
 
 def linear_silu_mul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -43,6 +44,16 @@ def _gemm_act():
     from quack.gemm_interface import gemm_act
 
     return gemm_act
+
+
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c, rows = config, 2 * config.ffn_dim  # w1's full weight (134 MB at the released size)
+    return (
+        zeros(device, 1, 2, c.dim, dtype=dtype),
+        zeros(device, rows, c.dim, dtype=dtype),
+        zeros(device, rows, dtype=dtype),
+    )
 
 
 def unsupported(x, weight, bias) -> str | None:
@@ -67,7 +78,9 @@ def unsupported(x, weight, bias) -> str | None:
     return grad_problem(tensors) or import_problem()
 
 
-def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear_silu_mul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, launches: dict[str, int] | None = None
+) -> torch.Tensor:
     """`blocks.linear_silu_mul` as one GEMM, the gate applied to the float32 accumulator.
 
     x: (..., K) float16/bfloat16 on a Hopper GPU, last dim contiguous, leading dims flattening to one row
@@ -93,5 +106,5 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             config=gemm_config(),
             concat_layout=("B", "bias") if bias is not None else ("B",),
         )
-        count_launch("linear_silu_mul")
+        count_launch(launches, "linear_silu_mul")
     return out.view(*x.shape[:-1], half)

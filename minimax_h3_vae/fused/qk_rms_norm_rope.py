@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from ..blocks import qk_rms_norm_rope as qk_rms_norm_rope_reference
-from ._common import MAX_GRID_YZ, count_launch, device_problem, dtype_problem, grad_problem, is_number
+from ._common import MAX_GRID_YZ, count_launch, device_problem, dtype_problem, grad_problem, is_number, zeros
 from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, to_dtype
 
-__all__ = ["qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
+__all__ = ["model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
 
 MAX_HEAD_DIM = 256
 # Elements of one (tokens x head_dim) tile per program.
@@ -88,6 +89,13 @@ def _head_dim(qkv: torch.Tensor, num_heads: int) -> int:
     return qkv.shape[-1] // (3 * num_heads)
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c = config
+    table = zeros(device, 2, c.rope_dim)
+    return (zeros(device, 1, 2, 3 * c.dim, dtype=dtype), table, table.clone(), c.num_heads, c.norm_eps)
+
+
 def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
     """Why `qk_rms_norm_rope(...)` with these arguments is outside the kernel's contract, or None."""
     if not all(isinstance(t, torch.Tensor) for t in (qkv, cos, sin)):
@@ -123,12 +131,8 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
 
 
 def qk_rms_norm_rope(
-    qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    num_heads: int,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv: Tensor, cos: Tensor, sin: Tensor, num_heads: int, eps: float, *, launches: dict[str, int] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """`blocks.qk_rms_norm_rope` in one launch.
 
     qkv: (B, S, 3 * H * D) float32/float16/bfloat16, per-head interleaved [q | k | v], last dim contiguous,
@@ -170,5 +174,5 @@ def qk_rms_norm_rope(
         num_warps=4,
         **NO_FMA,
     )
-    count_launch("qk_rms_norm_rope")
+    count_launch(launches, "qk_rms_norm_rope")
     return q, k, v

@@ -7,19 +7,11 @@ import triton
 import triton.language as tl
 
 from ..blocks import rms_norm as rms_norm_reference
-from ._common import (
-    MAX_ROW_WIDTH,
-    as_rows,
-    count_launch,
-    device_problem,
-    dtype_problem,
-    grad_problem,
-    is_number,
-    row_vector_problem,
-)
-from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
+from . import _common
+from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number
+from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_launch, to_dtype
 
-__all__ = ["rms_norm", "rms_norm_reference", "unsupported"]
+__all__ = ["model_call", "rms_norm", "rms_norm_reference", "unsupported"]
 
 
 @triton.jit
@@ -40,6 +32,12 @@ def _rms_norm_kernel(
     tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(y, out_ptr.dtype.element_ty), mask=mask)
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c = config
+    return (_common.zeros(device, 1, 2, c.dim), _common.zeros(device, c.dim), c.norm_eps, dtype)
+
+
 def unsupported(x, weight, eps, out_dtype) -> str | None:
     """Why `rms_norm(x, weight, eps, out_dtype)` is outside the kernel's contract, or None."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -47,7 +45,7 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
     problem = (
         dtype_problem("x", x.dtype)
         or dtype_problem("out_dtype", out_dtype)
-        or row_vector_problem("weight", weight, x.shape[-1])
+        or _common.row_vector_problem("weight", weight, x.shape[-1])
     )
     if problem:
         return problem
@@ -60,7 +58,9 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
     return device_problem((x, weight), built_for_interpreter(_rms_norm_kernel)) or grad_problem((x, weight))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, *, launches: dict[str, int] | None = None
+) -> torch.Tensor:
     """`blocks.rms_norm` in one launch: RMSNorm over the last dim, float32 math, returned in `out_dtype`.
 
     x: (..., C) float32/float16/bfloat16, last dim contiguous, leading dims flattening to one row stride
@@ -75,19 +75,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if n_rows == 0:
         return out
-    block_r, block_c, num_warps = row_tiling(n_cols)
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        rows,
-        weight,
-        out,
-        n_rows,
-        n_cols,
-        rows.stride(0),
-        float(eps),
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
-        **NO_FMA,
-    )
-    count_launch("rms_norm")
+    grid, meta = row_launch(n_rows, n_cols)
+    _rms_norm_kernel[grid](rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), **meta, **NO_FMA)
+    count_launch(launches, "rms_norm")
     return out

@@ -5,21 +5,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from ..blocks import scale_add_rms_norm as scale_add_rms_norm_reference
-from ._common import (
-    MAX_ROW_WIDTH,
-    as_rows,
-    count_launch,
-    device_problem,
-    dtype_problem,
-    grad_problem,
-    is_number,
-    row_vector_problem,
-)
-from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_tiling, to_dtype
+from . import _common
+from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number
+from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_launch, to_dtype
 
-__all__ = ["scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
+__all__ = ["model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
 
 
 @triton.jit
@@ -59,6 +52,13 @@ def _scale_add_rms_norm_kernel(
         tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    c = config
+    residual, y = _common.zeros(device, 1, 2, c.dim), _common.zeros(device, 1, 2, c.dim, dtype=dtype)
+    return (residual, y, _common.zeros(device, c.dim), _common.zeros(device, c.dim), c.norm_eps, dtype)
+
+
 def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
     """Why `scale_add_rms_norm(...)` with these arguments is outside the kernel's contract, or None."""
     if not isinstance(residual, torch.Tensor) or not isinstance(y, torch.Tensor) or residual.dim() == 0:
@@ -68,7 +68,7 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
     if y.shape != residual.shape:
         return f"y must have residual's shape {tuple(residual.shape)}, got {tuple(y.shape)}"
     n_cols = residual.shape[-1]
-    problem = dtype_problem("y", y.dtype) or row_vector_problem("scale", scale, n_cols)
+    problem = dtype_problem("y", y.dtype) or _common.row_vector_problem("scale", scale, n_cols)
     if problem:
         return problem
     if n_cols > MAX_ROW_WIDTH:
@@ -77,7 +77,7 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
         return "residual and y must have a contiguous last dim and leading dims that flatten into one row stride"
     tensors = [residual, y, scale]
     if weight is not None:
-        problem = row_vector_problem("weight", weight, n_cols) or dtype_problem("out_dtype", out_dtype)
+        problem = _common.row_vector_problem("weight", weight, n_cols) or dtype_problem("out_dtype", out_dtype)
         if problem:
             return problem
         if not is_number(eps):
@@ -87,13 +87,15 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
 
 
 def scale_add_rms_norm(
-    residual: torch.Tensor,
-    y: torch.Tensor,
-    scale: torch.Tensor,
-    weight: torch.Tensor | None,
+    residual: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    weight: Tensor | None,
     eps: float,
     out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    *,
+    launches=None,
+) -> tuple[Tensor, Tensor | None]:
     """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32, then its RMSNorm.
 
     residual: (..., C) float32, last dim contiguous, leading dims flattening to one row stride; updated in
@@ -111,8 +113,8 @@ def scale_add_rms_norm(
     normed = torch.empty(residual.shape, dtype=out_dtype, device=residual.device) if norm else None
     if n_rows == 0:
         return residual, normed
-    block_r, block_c, num_warps = row_tiling(n_cols)
-    _scale_add_rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+    grid, meta = row_launch(n_rows, n_cols)
+    _scale_add_rms_norm_kernel[grid](
         res_rows,
         y_rows,
         scale,
@@ -124,10 +126,8 @@ def scale_add_rms_norm(
         y_rows.stride(0),
         float(eps) if norm else 0.0,
         NORM=norm,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
+        **meta,
         **NO_FMA,
     )
-    count_launch("scale_add_rms_norm")
+    count_launch(launches, "scale_add_rms_norm")
     return residual, normed

@@ -8,10 +8,10 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..blocks import silu_mul as silu_mul_reference
-from ._common import as_rows, count_launch, device_problem, dtype_problem, grad_problem
+from ._common import as_rows, count_launch, device_problem, dtype_problem, grad_problem, zeros
 from ._triton_utils import NO_FMA, built_for_interpreter, to_dtype
 
-__all__ = ["silu_mul", "silu_mul_reference", "unsupported"]
+__all__ = ["model_call", "silu_mul", "silu_mul_reference", "unsupported"]
 
 _BLOCK = 2048
 
@@ -40,6 +40,11 @@ def _silu_mul_kernel(h_ptr, out_ptr, half, stride_h, BLOCK: tl.constexpr, LIBDEV
     tl.store(out_ptr + row * half + cols, to_dtype(activated * value, dtype), mask=mask)
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    return (zeros(device, 1, 2, 2 * config.ffn_dim, dtype=dtype),)
+
+
 def unsupported(h) -> str | None:
     """Why `silu_mul(h)` is outside the kernel's contract, or None."""
     if not isinstance(h, torch.Tensor) or h.dim() == 0:
@@ -56,7 +61,7 @@ def unsupported(h) -> str | None:
     return device_problem((h,), built_for_interpreter(_silu_mul_kernel)) or grad_problem((h,))
 
 
-def silu_mul(h: torch.Tensor) -> torch.Tensor:
+def silu_mul(h: torch.Tensor, *, launches: dict[str, int] | None = None) -> torch.Tensor:
     """`blocks.silu_mul` in one launch.
 
     h: (..., 2F) float32/float16/bfloat16, [gate | value] halves, last dim contiguous, leading dims flattening
@@ -81,5 +86,5 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
         num_warps=8,
         **NO_FMA,
     )
-    count_launch("silu_mul")
+    count_launch(launches, "silu_mul")
     return out

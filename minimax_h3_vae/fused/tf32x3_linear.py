@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from ..blocks import linear_fp32 as linear_fp32_reference
-from ._common import as_rows, count_launch, device_problem, grad_problem, linear_fp32_problem
+from ._common import as_rows, count_launch, device_problem, grad_problem, linear_fp32_call, linear_fp32_problem
 from ._triton_utils import built_for_interpreter
 
-__all__ = ["linear_fp32", "linear_fp32_reference", "unsupported"]
+__all__ = ["model_call", "linear_fp32", "linear_fp32_reference", "unsupported"]
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K, _GROUP_M = 128, 128, 32, 8
 
@@ -68,6 +68,11 @@ def _linear_tf32x3_kernel(
     tl.store(out_ptrs, acc, mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros, two tokens): for `unsupported` and the warm-up."""
+    return linear_fp32_call(config, device)
+
+
 def unsupported(x, weight, bias) -> str | None:
     """Why `linear_fp32(x, weight, bias)` is outside the kernel's contract, or None."""
     problem = linear_fp32_problem(x, weight, bias)
@@ -77,7 +82,9 @@ def unsupported(x, weight, bias) -> str | None:
     return device_problem(tensors, built_for_interpreter(_linear_tf32x3_kernel)) or grad_problem(tensors)
 
 
-def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear_fp32(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, launches: dict[str, int] | None = None
+) -> torch.Tensor:
     """`F.linear(x, weight, bias)` in float32 through three TF32 products per tile, in one launch.
 
     x: (..., K) float32, last dim contiguous, leading dims flattening to one row stride. weight: (N, K)
@@ -111,5 +118,5 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         num_warps=8,
         num_stages=3,
     )
-    count_launch("tf32x3_linear")
+    count_launch(launches, "tf32x3_linear")
     return out
