@@ -200,4 +200,3 @@ def test_load_builds_fa4_beside_the_weights(layouts):
     """The set-up thread imports flash-attn-4 and builds its kernel at load: one launch, none left over."""
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", attention="fa4")
     assert decoder.launch_counts()["flash_attention"] == 1
-

@@ -391,4 +391,3 @@ def test_load_builds_quack_beside_the_weights(layouts):
     after = decoder.launch_counts()
     kernels = fused.QUACK_KERNELS  # each counts its launches under its module's name
     assert {name: after[name] for name in kernels} == dict.fromkeys(kernels, 1)
-
