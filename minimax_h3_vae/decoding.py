@@ -58,8 +58,10 @@ class H3VideoDecoder(H3Decoder):
     """
 
     def __init__(self, config: H3DecoderConfig, runtime: Runtime | None = None):
-        super().__init__(config)
-        self._runtime = runtime if runtime is not None else _built_directly(config)
+        runtime = runtime if runtime is not None else _built_directly(config)
+        # w_qkv in the chosen projection kernel's row order, from the load on (none gathered per call).
+        super().__init__(config, fused.qkv_rows(runtime.kernels, config))
+        self._runtime = runtime
         self._ops: dict[fused.Kernels, SimpleNamespace] = {}  # the ops of each set of kernels this decoder ran
         self._launches: dict[str, int] = {}  # kernel launches of those ops (`launch_counts`)
         self._streamer: BlockStreamer | None = None
@@ -145,7 +147,7 @@ class H3VideoDecoder(H3Decoder):
         ops alone."""
         runtime = runtime or self._runtime
         if runtime.kernels not in self._ops:
-            self._ops[runtime.kernels] = fused.ops_for(runtime.kernels, self._launches)
+            self._ops[runtime.kernels] = fused.ops_for(runtime.kernels, self._launches, self.qkv_rows)
         ops = self._ops[runtime.kernels]
         if runtime.kernels.attention == "sdpa" and runtime.attention_backends != ATTENTION_BACKENDS:
             attention = functools.partial(blocks.attention, backends=runtime.attention_backends)

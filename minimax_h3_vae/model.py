@@ -8,6 +8,7 @@ Module names equal the original release's keys, so the original checkpoint loads
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import torch
@@ -16,6 +17,9 @@ from torch import nn
 from .blocks import BLOCK_LINEARS, EAGER_OPS, DecoderBlock
 from .config import H3DecoderConfig
 from .rope import RotaryTable, rotary_table, token_positions
+
+# A block's fused attention projection, whose rows a kernel may want stored in its own order (`qkv_rows`).
+QKV_KEY = re.compile(r"decoder\.transformer_blocks\.\d+\.attn\.to_qkv\.(weight|bias)")
 
 
 class ViTDecoder(nn.Module):
@@ -109,11 +113,18 @@ class H3Decoder(nn.Module):
     """post_quant_conv + the ViT: raw latent tiles in, pixel tiles out. `H3VideoDecoder` (decoding.py) adds the
     run settings and the loops over a whole video."""
 
-    def __init__(self, config: H3DecoderConfig):
+    def __init__(self, config: H3DecoderConfig, qkv_rows: torch.Tensor | None = None):
+        """qkv_rows: (3 * dim,) int64, the release rows of every block's w_qkv and its bias in the order they are
+        stored (a kernel's, prepared once: `fused.qkv_rows`), or None for the release's. Either way
+        `state_dict()` gives, and `load_state_dict()` takes, the release's order."""
         super().__init__()
         self.config = config
         self.post_quant_conv = nn.Conv3d(config.latent_channels, config.latent_channels, kernel_size=1)
         self.decoder = ViTDecoder(config)
+        self.qkv_rows = qkv_rows
+        if qkv_rows is not None:
+            self.register_state_dict_post_hook(_qkv_to_release_order)
+            self.register_load_state_dict_pre_hook(_qkv_to_stored_order)
 
     @property
     def device(self) -> torch.device:
@@ -151,6 +162,29 @@ class H3Decoder(nn.Module):
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32 (written
         into `out` when given). The caller picks the ops and the attention backends."""
         return self.decoder(self.post_quant(z), ops, out)
+
+
+def _qkv_keys(state_dict: dict, prefix: str) -> list[str]:
+    return [key for key in state_dict if key.startswith(prefix) and QKV_KEY.fullmatch(key[len(prefix) :])]
+
+
+def _reorder(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """tensor's rows in `rows` order: a new tensor, pinned where `tensor` is (the streamed block linears)."""
+    out = tensor.index_select(0, rows.to(tensor.device))
+    return out.pin_memory() if tensor.device.type == "cpu" and tensor.is_pinned() else out
+
+
+def _qkv_to_release_order(module: H3Decoder, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict() of a decoder that stores w_qkv in `qkv_rows` order: the release's rows."""
+    inverse = torch.argsort(module.qkv_rows)
+    for key in _qkv_keys(state_dict, prefix):
+        state_dict[key] = _reorder(state_dict[key], inverse)
+
+
+def _qkv_to_stored_order(module: H3Decoder, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict() of release-order weights into a decoder that stores w_qkv in `qkv_rows` order."""
+    for key in _qkv_keys(state_dict, prefix):
+        state_dict[key] = _reorder(state_dict[key], module.qkv_rows)
 
 
 def is_block_linear(key: str) -> bool:

@@ -52,6 +52,7 @@ __all__ = [
     "interpreting",
     "load_quack",
     "ops_for",
+    "qkv_rows",
     "quack_installed",
     "select_audio_ops",
     "select_ops",
@@ -211,11 +212,15 @@ def _after_cublas(then):
     return linear_then
 
 
-def ops_for(kernels: Kernels, launches: dict[str, int] | None = None) -> SimpleNamespace:
+def ops_for(
+    kernels: Kernels, launches: dict[str, int] | None = None, qkv_rows: torch.Tensor | None = None
+) -> SimpleNamespace:
     """The ops that run `kernels` (the eager ops, `blocks.EAGER_OPS`, for `EAGER_KERNELS`), their launches
     counted into `launches` (the model's counts). Each call makes new ops with a rotation-table cache of their
-    own: a model keeps its ops (one set per `Kernels`)."""
-    if kernels == EAGER_KERNELS:
+    own: a model keeps its ops (one set per `Kernels`). qkv_rows: the row order the model stores w_qkv in
+    (`qkv_rows(...)` at its load), None for the release's: the quack projection then takes the weight as
+    stored, and any other projection op is given the release's rows back."""
+    if kernels == EAGER_KERNELS and qkv_rows is None:
         return blocks.EAGER_OPS
     launches = {} if launches is None else launches
     ops = {}
@@ -225,10 +230,39 @@ def ops_for(kernels: Kernels, launches: dict[str, int] | None = None) -> SimpleN
             ops[name] = _after_cublas(ops[AFTER_CUBLAS[name]])
         elif (name, kernel) in MODULES:
             state = STATE.get((name, kernel), dict)()
+            if (name, kernel) == ("linear_qk_rms_norm_rope", "quack"):
+                state["ordered"] = qkv_rows is not None
             ops[name] = _launcher(name, kernel, launches, **state)
         else:
             ops[name] = getattr(blocks.EAGER_OPS, name)
+    if qkv_rows is not None and kernels.linear_qk_rms_norm_rope != "quack":
+        ops["linear_qk_rms_norm_rope"] = _in_release_order(ops["linear_qk_rms_norm_rope"], qkv_rows)
     return SimpleNamespace(**ops)
+
+
+def qkv_rows(kernels: Kernels, config: H3DecoderConfig) -> torch.Tensor | None:
+    """The order, in release rows, in which a model running `kernels` stores w_qkv and its bias: the quack
+    projection's (`linear_qk_rms_norm_rope.kernel_rows`), so that its GEMM takes the weight as stored and
+    nothing is gathered per call; None (the release's order) for every other projection kernel."""
+    if kernels.linear_qk_rms_norm_rope != "quack":
+        return None
+    from .linear_qk_rms_norm_rope import kernel_rows  # imports no quack
+
+    return kernel_rows(config.num_heads, config.head_dim, config.rope_dim)
+
+
+def _in_release_order(op, rows: torch.Tensor):
+    """`op` (the projection's, which takes w_qkv in the release's row order) for a model that stores w_qkv in
+    `rows` order: the release's rows are gathered back per call. Only a decoder loaded for the quack
+    projection and then run without it (`configure(fused=False)`) takes this path."""
+    inverse = torch.argsort(rows)
+    on_device = {}
+
+    def release_order(x, weight, bias, *args):
+        index = on_device.setdefault(weight.device, inverse.to(weight.device))
+        return op(x, weight.index_select(0, index), None if bias is None else bias.index_select(0, index), *args)
+
+    return release_order
 
 
 def select_ops(

@@ -11,8 +11,10 @@ How it fits a GEMM epilogue:
   prepass over the accumulator sums the squares per row and group (quack's HeadRstd); q and k are scaled by
   their group's 1 / rms, v by 1 (a 0/1 column mask).
 - An epilogue sees a column next to its neighbour, not the column R/2 away that NeoX rotates it with. So
-  the GEMM runs on w_qkv with each head's q and k rows reordered once per call (`pair_order`: NeoX partners
-  d and d + R/2 side by side) and rotates adjacent pairs; v's rows are not moved. Attention reads q and k
+  the GEMM runs on w_qkv with each head's q and k rows reordered (`pair_order`: NeoX partners d and d + R/2
+  side by side; `kernel_rows` for the whole projection) and rotates adjacent pairs; v's rows are not moved.
+  A decoder on this kernel stores w_qkv in that order from its load (`ordered=True`: nothing is gathered per
+  call); given the release's order, the launcher gathers the rows itself. Attention reads q and k
   only through the scores q . k, which one permutation of both leaves unchanged, so the output's q and k
   stay in that order (documented in the launcher's contract) and the attention output is the release's.
 - The rotation table holds, per token row, (cos, sin) for each adjacent pair of a head's 192 columns: the
@@ -36,7 +38,14 @@ import torch.nn.functional as F
 from ._common import as_rows, count_launch, grad_problem, is_number, zeros
 from ._quack import ALIGN, TILE_N, gemm_config, import_problem, tensors_problem
 
-__all__ = ["model_call", "linear_qk_rms_norm_rope", "linear_qk_rms_norm_rope_reference", "pair_order", "unsupported"]
+__all__ = [
+    "kernel_rows",
+    "linear_qk_rms_norm_rope",
+    "linear_qk_rms_norm_rope_reference",
+    "model_call",
+    "pair_order",
+    "unsupported",
+]
 
 
 def pair_order(head_dim: int, rotary: int) -> torch.Tensor:
@@ -106,15 +115,20 @@ def _epilogue(eps: float):
     return qkv_norm_rope
 
 
+def kernel_rows(num_heads: int, head_dim: int, rotary: int) -> torch.Tensor:
+    """(3 * H * D,) int64 on the CPU: the rows of w_qkv (and its bias) in the order the GEMM takes them, release rows
+    indexed: per head its q rows in `pair_order`, its k rows in `pair_order`, its v rows as released."""
+    with torch.device("cpu"):  # also when called under another default device (a model built on meta)
+        order = pair_order(head_dim, rotary)
+        per_head = torch.cat([order, head_dim + order, 2 * head_dim + torch.arange(head_dim)])
+        return (torch.arange(num_heads)[:, None] * 3 * head_dim + per_head).flatten()
+
+
 @functools.cache
 def _layout(num_heads: int, head_dim: int, rotary: int, device: torch.device):
-    """Rows of w_qkv in the order the GEMM takes them, and the (1, 0) / (0, 1) column masks of q, k vs v."""
-    order = pair_order(head_dim, rotary)
-    plain = torch.arange(head_dim)
-    per_head = torch.cat([order, head_dim + order, 2 * head_dim + plain])
-    rows = (torch.arange(num_heads)[:, None] * 3 * head_dim + per_head).flatten()
+    """`kernel_rows` on `device`, and the (1, 0) / (0, 1) column masks of q, k vs v."""
     normed = torch.tensor([1.0, 1.0, 0.0]).repeat_interleave(head_dim).repeat(num_heads)
-    return rows.to(device), normed.to(device), (1.0 - normed).to(device)
+    return kernel_rows(num_heads, head_dim, rotary).to(device), normed.to(device), (1.0 - normed).to(device)
 
 
 # Rotation tables kept per model (its ops hold one `tables` dict), at most this many: one per tile shape in use.
@@ -211,6 +225,7 @@ def linear_qk_rms_norm_rope(
     *,
     launches: dict[str, int] | None = None,
     tables: dict | None = None,
+    ordered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`blocks.linear_qk_rms_norm_rope` as one GEMM, the norm and rotation applied to the float32 accumulator.
 
@@ -220,7 +235,9 @@ def linear_qk_rms_norm_rope(
     halves of each row equal (NeoX: `rope.rotary_table`). Returns q, k, v: (B, H, S, D) views of one new
     (B, S, H, 3, D)-contiguous tensor of x's dtype. v is in the release's dim order; q and k have their head
     dims in `pair_order(D, R)` (attention's q . k is the release's). Raises ValueError outside this contract.
-    tables: the model's rotation-table cache (`_table`), bound into its ops with `launches`.
+    tables: the model's rotation-table cache (`_table`), bound into its ops with `launches`. ordered: weight
+    and bias are stored with their rows in `kernel_rows` order (a decoder on this kernel, from its load), not
+    the release's, and go to the GEMM as they are.
     """
     problem = unsupported(x, weight, bias, cos, sin, num_heads, eps)
     if problem:
@@ -230,13 +247,15 @@ def linear_qk_rms_norm_rope(
     out = torch.empty((batch, seq, num_heads, 3, head_dim), dtype=x.dtype, device=x.device)
     if out.numel():
         rows, normed, kept = _layout(num_heads, head_dim, cos.shape[-1], x.device)
+        if not ordered:
+            weight, bias = weight.index_select(0, rows), bias.index_select(0, rows)
         _epilogue(float(eps))(
             as_rows(x),
-            weight.index_select(0, rows).T,
+            weight.T,
             out={"D": out.view(batch * seq, -1)},
             config=gemm_config(),
             tuned=False,
-            bias=bias.index_select(0, rows),
+            bias=bias,
             rstd=head_dim,
             normed=normed,
             kept=kept,
