@@ -360,7 +360,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         swapped_axes,
     )
     from .loading import CheckpointError, load_checkpoint
-    from .memory import check_fits, plan
+    from .memory import check_fits, decode_plan
     from .runtime import resolve
     from .tiling import plan_chunks
 
@@ -414,20 +414,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         audio = check_sound(args, options, source, (frames, fps))
     sound_format = audio[1] if audio is not None else None
     try:
-        runtime = resolve(options, config, checkpoint.tiling)
-        needs = plan(
-            config,
-            source.shape,
-            dtype=options.dtype,
-            device_type=options.device.type,
-            offload=runtime.offload,
-            tiling=runtime.tiling,
-            tile_batch=runtime.tile_batch,
-            ranks=ranks,
-            output_rank=0 if ranks > 1 else None,  # as `decode` asks for it
-            rank=rank,
-            host_ranks=distributed.host_ranks(),
-        )
+        output_rank = 0 if ranks > 1 else None  # as `decode` asks for it
+        runtime = resolve(options.replace(output_rank=output_rank), config, checkpoint.tiling)
+        needs = decode_plan(config, (1, *source.shape), options.dtype, options.device.type, runtime)
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
         if rank == 0:

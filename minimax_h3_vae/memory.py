@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .config import H3DecoderConfig
-from .distributed import plan_tile_calls, window_group
+from .distributed import host_ranks, plan_tile_calls, rank_and_world, window_group
 from .tiling import RELEASE_TILING, Tiling, plan_chunks, plan_tiles
 
 F32 = 4
@@ -136,6 +136,31 @@ def plan(
     other = _plan(*args, receives=output_rank is None)  # a rank of this host other than the output rank
     total = output.host + (host_ranks - 1) * other.host
     return dataclasses.replace(mine, host_ranks=host_ranks, host_others=total - mine.host)
+
+
+def decode_plan(
+    config: H3DecoderConfig, shape: tuple[int, ...], dtype: torch.dtype, device_type: str, runtime
+) -> MemoryPlan:
+    """The plan of one decode on this process (`H3VideoDecoder.memory_plan`): latents `shape` (B, C, T, h,
+    w), block linears in `dtype`, on a device of `device_type`, with the run settings `runtime` (a
+    runtime.Runtime: its offload, tiling, tile batch and output rank); under torch.distributed, this rank's
+    plan beside the other ranks of its host."""
+    batch, *latents = shape
+    rank, ranks = rank_and_world()
+    return plan(
+        config,
+        tuple(latents),
+        dtype=dtype,
+        device_type=device_type,
+        offload=runtime.offload,
+        tiling=runtime.tiling,
+        tile_batch=runtime.tile_batch,
+        batch=batch,
+        ranks=ranks,
+        output_rank=runtime.output_rank,
+        rank=rank,
+        host_ranks=host_ranks(),
+    )
 
 
 def _plan(config, shape, dtype, device_type, offload, tiling, tile_batch, batch, ranks, *, receives) -> MemoryPlan:
