@@ -48,7 +48,7 @@ def auto(checkpoint: str, out_dir: Path) -> None:
 
 
 def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
-    from minimax_h3_vae.cli import main
+    from minimax_h3_vae.command.main import main
 
     rank = int(__import__("os").environ["RANK"])
     return main([*args, "--model", checkpoint if rank == 0 or same else checkpoint + ".missing"])
@@ -57,12 +57,13 @@ def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
 def cli_sweep(checkpoint: str, folder: Path, lengths: list[str]) -> None:
     """The command's run (prepare, decode, the per-chunk agreement, write) once per clip length, in one
     process group (a process group cannot be joined again reliably in one launch)."""
-    from minimax_h3_vae import cli
+    from minimax_h3_vae.command import flags
+    from minimax_h3_vae.command import main as cli
 
     dist.init_process_group("gloo")
     for length in lengths:
         args = [folder / f"in_{length}.safetensors", folder / f"out_{length}.safetensors", "--model", checkpoint]
-        args = cli.parse_args([*map(str, args), "--device", "cpu", "--tile-batch", "1"])
+        args = flags.parse_args([*map(str, args), "--device", "cpu", "--tile-batch", "1"])
         cli.run(args, dist.get_rank(), dist.get_world_size(), None)
     dist.destroy_process_group()
 

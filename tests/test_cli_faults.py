@@ -23,9 +23,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, loading, output, to_uint8_frames
-from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, loading, to_uint8_frames
 from minimax_h3_vae import latents as latents_module
+from minimax_h3_vae.command import main as cli_module
+from minimax_h3_vae.command import output
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "decode_latents.py"
@@ -265,7 +266,7 @@ def test_signal_during_decoding(tmp_path, signum, code):
 
 
 def test_temp_name_is_short_and_recognisable(tmp_path):
-    name = output.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
+    name = files.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
     assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40
 
 

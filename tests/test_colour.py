@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from minimax_h3_vae import H3VideoDecoder, output
-from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.colour import rgb_to_yuv420p
+from minimax_h3_vae.command import main as cli_module
+from minimax_h3_vae.command import output
 from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD, to_yuv420p_frames
 
 REPO = Path(__file__).resolve().parents[1]

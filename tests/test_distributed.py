@@ -144,7 +144,7 @@ def test_cli_under_torchrun_every_clip_length(tmp_path, ranks, one_thread):
         save_file({"latents": z}, str(tmp_path / f"in_{length}.safetensors"))
     result = torchrun("cli_sweep", TINY, tmp_path, *SWEEP_LENGTHS, ranks=ranks, timeout=480)
     assert result.returncode == 0, result.stderr[-3000:]
-    from minimax_h3_vae.cli import main
+    from minimax_h3_vae.command.main import main
 
     for length in SWEEP_LENGTHS:
         single = tmp_path / f"single_{length}.safetensors"

@@ -323,7 +323,7 @@ def test_config_bounds_in_the_api():
 
 
 def test_signals_handled_are_every_catchable_terminating_one():
-    from minimax_h3_vae.cli import STOP_SIGNALS
+    from minimax_h3_vae.command.report import STOP_SIGNALS
 
     assert {signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM, signal.SIGXCPU} <= set(STOP_SIGNALS)
 

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from checkpoints import random_diffusers_vae
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, cli, comfyui, fused
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, comfyui, fused
+from minimax_h3_vae.command import flags
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.diffusers import swap_decoder
 from minimax_h3_vae.fused import flash_attention
 from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve_attention, resolve_call
@@ -107,8 +109,8 @@ def test_command_defaults_to_sdpa_and_names_its_flag(layouts, tmp_path, capsys):
     is one error line naming the flag, exit code 2, before anything is loaded."""
     from safetensors.torch import save_file
 
-    args = cli.parse_args(["in.safetensors", "out.mp4"])
-    assert args.attention == "sdpa" and cli.decode_options(args).attention == "sdpa"
+    args = flags.parse_args(["in.safetensors", "out.mp4"])
+    assert args.attention == "sdpa" and flags.decode_options(args).attention == "sdpa"
     latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     save_file({"latents": torch.randn(24, 1, 2, 2)}, str(latents))
     argv = [str(latents), str(out), "--model", str(layouts["original"]), "--device", "cpu", "--attention", "fa4"]

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, cli, fused
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
+from minimax_h3_vae.command import flags
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
 from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
 from minimax_h3_vae.rope import rotary_table, token_positions
@@ -85,8 +87,8 @@ def test_gemm_option_is_checked_and_fixed_at_load():
 def test_command_defaults_to_cublas_and_names_its_flag(layouts, tmp_path, capsys):
     """The command pays no quack import unless asked (--gemm), and a --gemm it cannot honour is one error line
     naming the flag, exit code 2, before anything is loaded."""
-    args = cli.parse_args(["in.safetensors", "out.mp4"])
-    assert args.gemm == "cublas" and cli.decode_options(args).gemm == "cublas"
+    args = flags.parse_args(["in.safetensors", "out.mp4"])
+    assert args.gemm == "cublas" and flags.decode_options(args).gemm == "cublas"
     out = tmp_path / "out.safetensors"
     latents = tmp_path / "in.safetensors"
     from safetensors.torch import save_file

@@ -19,8 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_cli_faults import OLD, fill, one_error_line, tmpfs, tree
 
-from minimax_h3_vae import H3AudioDecoder, cli, output, save_latents
+from minimax_h3_vae import H3AudioDecoder, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
+from minimax_h3_vae.command import main as cli
+from minimax_h3_vae.command import output
 from minimax_h3_vae.latents import read_latents_header
 
 REPO = Path(__file__).resolve().parents[1]
