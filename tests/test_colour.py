@@ -147,7 +147,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     """The sink of a crf > 0 mp4 takes yuv420p planes (half the bytes of RGB) and refuses RGB frames; that
     of crf 0 (lossless RGB, unchanged) and of .safetensors take uint8 RGB."""
     video = torch.randn(1, 3, 2, 32, 48)
-    sink = output.open_sink(tmp_path / "a.mp4", 2, 32, 48, 24.0, crf=17)
+    sink = output.open_sink(tmp_path / "a.mp4", output.VideoFormat(2, 32, 48, 24.0, crf=17))
     try:
         frames = sink.convert(video)
         assert frames.shape == (2, 32 * 48 * 3 // 2) and frames.dtype == torch.uint8
@@ -156,7 +156,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     finally:
         sink.discard()
     for name, crf in (("b.mp4", 0), ("c.safetensors", 17)):
-        sink = output.open_sink(tmp_path / name, 2, 32, 48, 24.0, crf=crf)
+        sink = output.open_sink(tmp_path / name, output.VideoFormat(2, 32, 48, 24.0, crf=crf))
         try:
             assert sink.convert(video).shape == (2, 32, 48, 3)
         finally:

@@ -16,6 +16,26 @@ from .report import InputError, say
 DEFAULT_CRF = 17
 
 
+# The fused fp16 path's kernel flags: (flag, choices, default, help). The default is torch's own,
+# because the faster Hopper kernels import quack, which takes 8-17 s, more than it saves on one clip.
+KERNEL_FLAGS = (
+    (
+        "--gemm",
+        ("auto", "cublas", "quack"),
+        "cublas",
+        "GEMMs of the fused fp16 path: cublas (default: importing quack takes 8-17 s, more than it saves on one "
+        "clip), quack (Hopper, the hopper extra; ~7%% faster per unit) or auto (quack where it runs)",
+    ),
+    (
+        "--attention",
+        ("auto", "sdpa", "fa4"),
+        "sdpa",
+        "attention of the fused fp16 path: sdpa (default: torch's; FlashAttention 4 imports quack, 8-17 s), "
+        "fa4 (Hopper, the hopper extra; ~4%% faster per unit) or auto (fa4 where it runs)",
+    ),
+)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with its errors as the one-line `error:` of every other bad input (exit code 2)."""
 
@@ -99,20 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help="tiles per decoder call (default: as many as fit; lower it to save GPU memory)",
     )
-    parser.add_argument(
-        "--gemm",
-        choices=("auto", "cublas", "quack"),
-        default="cublas",
-        help="GEMMs of the fused fp16 path: cublas (default: importing quack takes 8-17 s, more than it "
-        "saves on one clip), quack (Hopper, the hopper extra; ~7%% faster per unit) or auto (quack where it runs)",
-    )
-    parser.add_argument(
-        "--attention",
-        choices=("auto", "sdpa", "fa4"),
-        default="sdpa",
-        help="attention of the fused fp16 path: sdpa (default: torch's; FlashAttention 4 imports quack, 8-17 s), "
-        "fa4 (Hopper, the hopper extra; ~4%% faster per unit) or auto (fa4 where it runs)",
-    )
+    for flag, choices, default, help in KERNEL_FLAGS:
+        parser.add_argument(flag, choices=choices, default=default, help=help)
     parser.add_argument(
         "--offload",
         choices=("auto", "none", "blocks"),

@@ -21,6 +21,7 @@ name the filesystem takes works, and named so that one left by a SIGKILL is easy
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import json
 import os
@@ -71,6 +72,19 @@ MP4_MIN_SHARE = 1 / 50
 
 class WriteError(Exception):
     """Writing the output failed (disk full, ffmpeg failed): the message says where and why; OUT is kept."""
+
+
+@dataclass(frozen=True)
+class VideoFormat:
+    """What OUT takes of the video: `frames` frames of height x width at `fps`, and for an mp4 the encoder's
+    crf and preset (None: ffmpeg's)."""
+
+    frames: int
+    height: int
+    width: int
+    fps: float
+    crf: int = 17
+    preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -477,19 +491,10 @@ class Mp4Sink(Sink):
     back are exactly the decoded ones; many players cannot play it). The sound is AAC either way.
     """
 
-    def __init__(
-        self,
-        output: Path,
-        frames: int,
-        height: int,
-        width: int,
-        fps: float,
-        crf: int = 17,
-        preset: str | None = None,
-        sound: Soundtrack | None = None,
-    ):
+    def __init__(self, output: Path, video: VideoFormat, sound: Soundtrack | None = None):
         self.process = self.log = None
         self.sound, self.sound_file = sound, None
+        frames, height, width, fps, crf, preset = dataclasses.astuple(video)
         super().__init__(output, frames, height, width)
         self.planar = crf != 0
         if self.planar:
@@ -698,23 +703,14 @@ def count_audio_samples(path: Path) -> int | None:
     return round(end * int(rate[0]))
 
 
-def open_sink(
-    output: Path,
-    frames: int,
-    height: int,
-    width: int,
-    fps: float,
-    crf: int = 17,
-    preset: str | None = None,
-    sound: Soundtrack | None = None,
-) -> OutputFile:
+def open_sink(output: Path, video: VideoFormat, sound: Soundtrack | None = None) -> OutputFile:
     """The output file for OUT's format: for .wav and .flac (the sound alone) `sound` is required and the
     frames are not taken."""
     suffix = output.suffix.lower()
     if suffix == ".mp4":
-        return Mp4Sink(output, frames, height, width, fps, crf, preset, sound)
+        return Mp4Sink(output, video, sound)
     if suffix == ".wav":
         return WavSink(output, sound)
     if suffix == ".flac":
         return FlacSink(output, sound)
-    return SafetensorsSink(output, frames, height, width, sound)
+    return SafetensorsSink(output, video.frames, video.height, video.width, sound)

@@ -140,7 +140,8 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         raise InputError(str(error)) from None
     sink = None
     if rank == 0:
-        sink = output.open_sink(args.output, frames, height, width, fps, args.crf, args.preset, sound)
+        video = output.VideoFormat(frames, height, width, fps, args.crf, args.preset)
+        sink = output.open_sink(args.output, video, sound)
     return Prepared(decoder, z, fps, frames, height, width, sink, sound)
 
 
@@ -164,7 +165,8 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) ->
     except ValueError as error:
         raise InputError(str(error)) from None
     sound = decode_sound(args, options, source, checkpoint)
-    return Prepared(None, None, fps, 0, 0, 0, output.open_sink(args.output, 0, 0, 0, fps, sound=sound), sound)
+    sink = output.open_sink(args.output, output.VideoFormat(0, 0, 0, fps), sound)
+    return Prepared(None, None, fps, 0, 0, 0, sink, sound)
 
 
 def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
