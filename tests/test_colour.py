@@ -1,4 +1,4 @@
-"""The mp4's colours (minimax_h3_vae/colour.py, the Mp4Sink): BT.709 limited-range Y'CbCr 4:2:0 with left
+"""The mp4's colours (minimax_h3_vae/command/colour.py, the Mp4Sink): BT.709 limited-range Y'CbCr 4:2:0 with left
 chroma siting, made in torch before the frames cross to ffmpeg, and a stream tagged bt709 / tv.
 
 The conversion is checked against a float64 evaluation of BT.709's formula written out here; the mp4 is
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from minimax_h3_vae import H3VideoDecoder
-from minimax_h3_vae.colour import rgb_to_yuv420p
 from minimax_h3_vae.command import main as cli_module
 from minimax_h3_vae.command import output
-from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD, to_yuv420p_frames
+from minimax_h3_vae.command.colour import rgb_to_yuv420p, to_yuv420p_frames
+from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny_h3_vae"

@@ -5,6 +5,7 @@
     preflight.py  every check before the decode, cheapest first; the decoders built through the library's doors
     output.py     OUT: its checks and the sinks that write it (mp4 through ffmpeg, safetensors, wav, flac)
     writer.py     the background writer thread, and the NaN policy for what it writes
+    colour.py     the mp4's BT.709 limited-range 4:2:0 planes, made in torch where the frames are
     report.py     what the command says: stderr lines, exit codes
     signals.py    stop signals, CPU limits, torchrun's watchdog
 

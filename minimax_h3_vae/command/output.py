@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from ..colour import yuv420p_bytes
 from ..files import check_length, create_temp
-from ..frames import to_uint8_frames, to_yuv420p_frames
+from ..frames import to_uint8_frames
 from ..text import one_line, shown
+from .colour import to_yuv420p_frames, yuv420p_bytes
 
 OUTPUT_FORMATS = (".mp4", ".safetensors", ".wav", ".flac")
 AUDIO_FORMATS = (".wav", ".flac")  # the sound alone: the video is not decoded
