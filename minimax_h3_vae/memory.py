@@ -184,7 +184,7 @@ def _plan(config, shape, dtype, device_type, offload, tiling, tile_batch, batch,
     stitched = batch * c.out_channels * window_frames * height * width * F32
     window = count * (latent_tile + decoded_tile) + 2 * stitched  # this window's frames and the last one's
     windows, group, share = 1, window, count
-    if ranks > 1:  # distributed.decode_shared over a group of windows
+    if ranks > 1:  # distributed.share_tiles over a group of windows
         units = count if tile_batch is None else -(-count // tile_batch)
         windows = window_group(units, len(chunks.starts), ranks)
         calls = plan_tile_calls(windows * count, tile_batch, ranks, count)
