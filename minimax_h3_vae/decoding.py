@@ -162,7 +162,7 @@ class H3VideoDecoder(H3Decoder):
         memory.MemoryPlan: bytes on the device, `.device`, and in host memory, `.host`), with this decoder's
         run settings and `options` changed as in `decode`; under torch.distributed, this rank's. Nothing is
         allocated; `memory.check_fits(plan, device, what)` refuses what does not fit."""
-        runtime = resolve_call(self._runtime, self.config, **options)
+        runtime = resolve_call(self.runtime, self.config, **options)
         return memory.decode_plan(self.config, tuple(shape), self.compute_dtype, self.device.type, runtime)
 
     def device_bytes(self) -> int:

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from minimax_h3_vae import H3VideoDecoder, Tiling, comfyui, denormalize_latents, to_unit_rgb
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
-from minimax_h3_vae.command import preflight
+from minimax_h3_vae.command.flags import parse_args
+from minimax_h3_vae.command.preflight import prepare
 from minimax_h3_vae.diffusers import swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import GIB, resolve_call
 
@@ -91,8 +92,8 @@ def settings(decoder: H3VideoDecoder, runtime=None) -> tuple:
 def through_the_command(layouts, tmp_path, flags: list[str]) -> tuple:
     z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0))
     save_file({"latents": z}, str(tmp_path / "in.safetensors"))
-    args = flags.parse_args([str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), *flags])
-    prepared = preflight.prepare(args, None, 0)
+    args = parse_args([str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), *flags])
+    prepared = prepare(args, None, 0)
     prepared.sink.discard()
     return settings(prepared.decoder)
 
