@@ -106,7 +106,7 @@ def release() -> None:
 
 def cli(args: list[str]) -> float:
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.cli", *args], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     print(result.stderr.strip().splitlines()[-1], flush=True)
     if result.returncode:

@@ -35,8 +35,8 @@ from .decoding import H3VideoDecoder
 from .frames import NON_FINITE_FRAMES, to_unit_rgb
 from .latents import check_latents, denormalize_latents
 from .model import H3Decoder
-from .runtime import DecodeOptions, Runtime, check_machine, resolve_call
-from .tiling import RELEASE_TILING, plan_chunks
+from .runtime import DecodeOptions, Runtime, check_machine, resolve, resolve_call
+from .tiling import plan_chunks
 
 DECODER_TYPE = "MINIMAX_H3_DECODER"
 CATEGORY = "latent/minimax_h3"
@@ -382,22 +382,9 @@ def _progress_bar():
     return lambda done, total: bar.update_absolute(done, total)
 
 
-def _working_set(
-    config: H3DecoderConfig, z: torch.Tensor, dtype: torch.dtype, tiling, tile_batch: int | None, offload: str
-) -> int:
-    """Bytes of GPU memory a decode of latents shaped like `z` needs besides the weights (memory.plan)."""
-    batch, channels, frames, h, w = z.shape
-    need = memory.plan(
-        config,
-        (channels, frames, h, w),
-        dtype=dtype,
-        device_type="cuda",
-        offload=offload,
-        tiling=tiling,
-        tile_batch=tile_batch,
-        batch=batch,
-    )
-    return need.device - need.weights - need.streamed_slots
+def _working_set(plan: memory.MemoryPlan) -> int:
+    """Bytes of GPU memory a decode of this memory plan needs besides the weights."""
+    return plan.device - plan.weights - plan.streamed_slots
 
 
 def _free_memory(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> None:
@@ -406,9 +393,7 @@ def _free_memory(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None)
     management = _optional("comfy.model_management")
     if management is None or model.device.type != "cuda" or not hasattr(management, "free_memory"):
         return
-    runtime = model.runtime
-    need = _working_set(model.config, z, model.compute_dtype, runtime.tiling, tile_batch, runtime.offload)
-    management.free_memory(need, model.device)
+    management.free_memory(_working_set(model.memory_plan(tuple(z.shape), tile_batch=tile_batch)), model.device)
 
 
 def _load_vae(vae, config: H3DecoderConfig, z: torch.Tensor, options: DecodeOptions) -> None:
@@ -419,10 +404,12 @@ def _load_vae(vae, config: H3DecoderConfig, z: torch.Tensor, options: DecodeOpti
     if management is None or patcher is None or not hasattr(management, "load_models_gpu"):
         return
     need = 0
-    device, dtype = check_machine(options)[:2]  # the options are plain data: the device's dtype decided here
-    if device.type == "cuda":
-        tiling = options.tiling or RELEASE_TILING
-        need = _working_set(config, z, dtype, tiling, options.tile_batch, "none")
+    if check_machine(options)[0].type == "cuda":  # the whole VAE loaded: the decoder built on it holds every weight
+        runtime = resolve(options.replace(offload="none"), config)
+        need = _working_set(memory.decode_plan(config, tuple(z.shape), runtime.dtype, "cuda", runtime))
+        if runtime.kernels.linear_qk_rms_norm_rope == "quack":  # its w_qkv: a copy in the GEMM's row order
+            qkv = config.num_layers * 3 * config.dim * (config.dim + 1)
+            need += qkv * torch.empty(0, dtype=runtime.dtype).element_size()
     management.load_models_gpu([patcher], memory_required=need, force_full_load=True)
 
 

@@ -3,7 +3,7 @@
     latents (B, 24, T, h, w) -> chunk windows (tiling.plan_chunks)
       -> per window (per group of windows across ranks): tiles (tiling.plan_tiles, the run's Tiling) ->
          decoder calls of `tile_batch` tiles (model.H3Decoder.forward; with offload="blocks" all of them
-         block by block, `_layer_major`), shared across ranks (distributed.decode_shared) -> stitched frame
+         block by block, `_layer_major`), shared across ranks (distributed.share_tiles, gather_tiles) -> stitched frame
          (tiling.stitch)
       -> windows joined and cross-faded (tiling.join_chunks) -> frames, one chunk per window
 
@@ -65,7 +65,7 @@ class H3VideoDecoder(H3Decoder):
         self._ops: dict[fused.Kernels, SimpleNamespace] = {}  # the ops of each set of kernels this decoder ran
         self._launches: dict[str, int] = {}  # kernel launches of those ops (`launch_counts`)
         self._streamer: BlockStreamer | None = None
-        self._streaming = threading.Lock()  # one layer-major decode at a time through the streamer's slots
+        self._streamer_made = threading.Lock()  # one streamer, whichever thread asks first
 
     @classmethod
     def from_pretrained(
@@ -161,6 +161,14 @@ class H3VideoDecoder(H3Decoder):
         flash-attn-4's 'flash_attention' (and the audio decoder's 'anti_aliased_snake_beta', 0 here)."""
         return {name: self._launches.get(name, 0) for name in fused.LAUNCH_NAMES}
 
+    def memory_plan(self, shape: tuple[int, ...], **options) -> memory.MemoryPlan:
+        """What `decode` of latents shaped `shape` (B, 24, T, h, w) holds, from shapes alone (a
+        memory.MemoryPlan: bytes on the device, `.device`, and in host memory, `.host`), with this decoder's
+        run settings and `options` changed as in `decode`; under torch.distributed, this rank's. Nothing is
+        allocated; `memory.check_fits(plan, device, what)` refuses what does not fit."""
+        runtime = resolve_call(self.runtime, self.config, **options)
+        return memory.decode_plan(self.config, tuple(shape), self.compute_dtype, self.device.type, runtime)
+
     def device_bytes(self) -> int:
         """Bytes of weights this decoder holds on its device, the streaming slots included."""
         tensors = [*self.parameters(), *self.buffers()]
@@ -170,8 +178,9 @@ class H3VideoDecoder(H3Decoder):
 
     def streamer(self) -> BlockStreamer:
         """The block-weight streamer of offload="blocks" (made on first use)."""
-        if self._streamer is None:
-            self._streamer = BlockStreamer(self.decoder.transformer_blocks, self.device)
+        with self._streamer_made:
+            if self._streamer is None:
+                self._streamer = BlockStreamer(self.decoder.transformer_blocks, self.device)
         return self._streamer
 
     # ---- decoding --------------------------------------------------------------------------------------
@@ -282,53 +291,38 @@ def _options(options: DecodeOptions | None, fields: dict, door: str) -> DecodeOp
     return options if options is not None else DecodeOptions(**fields)
 
 
+class _Tally:
+    """Tiles decoded so far, of `total`, reported to progress(done, total) as they finish."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+        if progress is not None:
+            progress(0, total)
+
+    def advance(self, tiles: int) -> None:
+        if tiles:
+            self.done += tiles
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+
+
 @torch.inference_mode()
 def _stream(
     model: H3VideoDecoder, runtime: Runtime, z: torch.Tensor, progress: Progress | None
 ) -> Iterator[torch.Tensor | None]:
     c = model.config
+    plan = memory.decode_plan(c, tuple(z.shape), model.compute_dtype, model.device.type, runtime)
     z = z.to(model.device)
     chunks = tiling.plan_chunks(z.shape[2], c)
     if chunks.padded_frames > z.shape[2]:
         z = torch.cat([z, z[:, :, -1:].expand(-1, -1, chunks.padded_frames - z.shape[2], -1, -1)], dim=2)
-    batch, channels, frames, h, w = z.shape
-    rank, ranks = distributed.rank_and_world()
-    plan = memory.plan(
-        c,
-        (channels, frames, h, w),
-        dtype=model.compute_dtype,
-        device_type=model.device.type,
-        offload=runtime.offload,
-        tiling=runtime.tiling,
-        tile_batch=runtime.tile_batch,
-        batch=batch,
-        ranks=ranks,
-        output_rank=runtime.output_rank,
-        rank=rank,
-        host_ranks=distributed.host_ranks(),
-    )
-    total = plan.tiles * len(chunks.starts)
-    done = 0
-
-    def advance(tiles: int) -> None:
-        nonlocal done
-        if tiles:
-            done += tiles
-            if progress is not None:
-                progress(done, total)
-
-    if progress is not None:
-        progress(0, total)
+    tally = _Tally(progress, plan.tiles * len(chunks.starts))
     group = plan.windows  # decoded together: one window on one process, a group across ranks
     windows = (
         window
         for first in range(0, len(chunks.starts), group)
         for window in _decode_windows(
-            model,
-            runtime,
-            plan,
-            [z[:, :, s : s + chunks.window] for s in chunks.starts[first : first + group]],
-            advance,
+            model, runtime, plan, [z[:, :, s : s + chunks.window] for s in chunks.starts[first : first + group]], tally
         )
     )
     if not distributed.receives_output(runtime.output_rank):
@@ -339,20 +333,16 @@ def _stream(
 
 
 def _decode_windows(
-    model: H3VideoDecoder,
-    runtime: Runtime,
-    plan: memory.MemoryPlan,
-    windows: list[torch.Tensor],
-    advance: Callable[[int], None],
+    model: H3VideoDecoder, runtime: Runtime, plan: memory.MemoryPlan, windows: list[torch.Tensor], tally: _Tally
 ) -> list[torch.Tensor | None]:
     """Consecutive temporal windows, each (B, C, t, h, w) -> (B, 3, 4t, 16h, 16w), spatially tiled and
     stitched; one window at a time on one process, a group of them (distributed.window_group) across ranks.
 
     The tiles of all B videos of all the windows go through the decoder together, `tile_batch` at a time
-    within each window (default: as many as the memory plan lets fit, memory.auto_tile_batch), shared across
-    ranks under torch.distributed; with offload="blocks", layer-major over all of this rank's tiles. Returns
-    one stitched window each, or Nones on a rank that does not receive the output. advance(n) is called as
-    n tiles finish.
+    within each window (default: as many as the memory plan lets fit, memory.auto_tile_batch); under
+    torch.distributed each rank decodes its share of the calls (distributed.share_tiles) and the shares are
+    gathered (distributed.gather_tiles). With offload="blocks", layer-major over all of this rank's tiles.
+    Returns one stitched window each, or Nones on a rank that does not receive the output.
     """
     c = model.config
     batch = windows[0].shape[0]
@@ -360,40 +350,48 @@ def _decode_windows(
     tiles = torch.cat([z[..., rows, cols] for z in windows for rows, cols in tiles_plan.latent_windows()])
     per_window = tiles.shape[0] // len(windows)
     tile_shape = (c.out_channels, windows[0].shape[2] * c.patch_size_t, tiles_plan.rows.size, tiles_plan.cols.size)
-    done = 0
-
-    def decode_calls(calls: list[tuple[int, int]], out: torch.Tensor) -> None:
-        nonlocal done
-        first, count = calls[0][0], calls[-1][1] - calls[0][0]
-        step = runtime.tile_batch
-        if step is None:  # what the decoder holds on the device: its weights and these windows' buffers
-            held = model.device_bytes() + plan.group
-            step = memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
-        parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
-        inputs = [tiles[a:b] for a, b in parts]
-        outputs = [out[a - first : b - first] for a, b in parts]
-        ops = model.ops(runtime)
-        if runtime.offload == "blocks":
-            with model._streaming:
-                _layer_major(model, ops, inputs, outputs, advance)
-        else:
-            for tile_input, tile_output in zip(inputs, outputs):
-                model(tile_input, ops, tile_output)
-                advance(tile_input.shape[0])
-        done += count
-
-    decoded = distributed.decode_shared(
-        tiles.shape[0],
-        runtime.tile_batch,
-        runtime.output_rank,
-        lambda n: tiles.new_empty(n, *tile_shape, dtype=torch.float32),
-        decode_calls,
-        per_window,
-    )
+    calls, counts = distributed.share_tiles(tiles.shape[0], runtime.tile_batch, per_window)
+    mine = sum(end - start for start, end in calls)
+    decoded = tiles.new_empty(mine, *tile_shape, dtype=torch.float32)
+    failure = None
+    try:
+        if calls:
+            _decode_calls(model, runtime, plan, tiles, calls, decoded, tally)
+    except Exception as error:  # told to the other ranks at the gather, so that none waits there for it
+        failure = error
+    decoded = distributed.gather_tiles(decoded, counts, runtime.output_rank, failure)
     if decoded is None:
         return [None] * len(windows)
-    advance(tiles.shape[0] - done)  # the tiles other ranks decoded
+    tally.advance(tiles.shape[0] - mine)  # the tiles other ranks decoded
     return [tiling.stitch(part.split(batch), tiles_plan) for part in decoded.split(per_window)]
+
+
+def _decode_calls(
+    model: H3VideoDecoder,
+    runtime: Runtime,
+    plan: memory.MemoryPlan,
+    tiles: torch.Tensor,
+    calls: list[tuple[int, int]],
+    out: torch.Tensor,
+    tally: _Tally,
+) -> None:
+    """This rank's decoder calls, consecutive tile ranges (start, end) of `tiles`, decoded into `out`, whose
+    first row is tile calls[0][0]; without a tile batch each range is cut into calls that fit in memory."""
+    first, count = calls[0][0], calls[-1][1] - calls[0][0]
+    step = runtime.tile_batch
+    if step is None:  # what the decoder holds on the device: its weights and these windows' buffers
+        held = model.device_bytes() + plan.group
+        step = memory.auto_tile_batch(plan, count, model.device, runtime.max_gpu_memory, held)
+    parts = [(a, min(a + step, end)) for start, end in calls for a in range(start, end, step)]
+    inputs = [tiles[a:b] for a, b in parts]
+    outputs = [out[a - first : b - first] for a, b in parts]
+    ops = model.ops(runtime)
+    if runtime.offload == "blocks":
+        _layer_major(model, ops, inputs, outputs, tally.advance)
+    else:
+        for tile_input, tile_output in zip(inputs, outputs):
+            model(tile_input, ops, tile_output)
+            tally.advance(tile_input.shape[0])
 
 
 def _layer_major(
@@ -406,18 +404,19 @@ def _layer_major(
     """`model(parts[k], ops, outs[k])` for every k, block by block instead of call by call: every part's
     residual stream stays on the device while each block's weights are brought in once (offload="blocks").
     The same GEMM shapes as the calls one by one, so the same values bit for bit. advance(n) is called as a
-    part of n tiles finishes."""
+    part of n tiles finishes. One layer-major decode at a time goes through the streamer's slots."""
     vit, streamer = model.decoder, model.streamer()
     shape = tuple(parts[0].shape[2:])
-    streamer.prefetch(0)
-    streamer.prefetch(1)
-    rotary = vit.rotary(*shape)
-    states = [vit.embed(model.post_quant(part), ops) for part in parts]
-    for i in range(len(vit.transformer_blocks)):
-        with streamer.on_device(i):
-            for k, (residual, normed) in enumerate(states):
-                states[k] = vit.block(i, residual, normed, rotary, ops)
-    for k, out in enumerate(outs):
-        vit.head(states[k][0], shape, ops, out)
-        states[k] = None  # its memory goes to the next part's head
-        advance(out.shape[0])
+    with streamer.in_use:
+        streamer.prefetch(0)
+        streamer.prefetch(1)
+        rotary = vit.rotary(*shape)
+        states = [vit.embed(model.post_quant(part), ops) for part in parts]
+        for i in range(len(vit.transformer_blocks)):
+            with streamer.on_device(i):
+                for k, (residual, normed) in enumerate(states):
+                    states[k] = vit.block(i, residual, normed, rotary, ops)
+        for k, out in enumerate(outs):
+            vit.head(states[k][0], shape, ops, out)
+            states[k] = None  # its memory goes to the next part's head
+            advance(out.shape[0])

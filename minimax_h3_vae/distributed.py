@@ -3,14 +3,15 @@ and the ranks' agreement on failures.
 
 Every rank calls `decode` with the same latents. The work unit is a (window, tile): the windows are taken in
 groups (`window_group`: as few windows as make the units split evenly across the ranks, so 28 tiles on 8
-ranks go two windows at a time, 7 tiles each), and for each group `decode_shared` gives each rank a
-balanced, contiguous run of its decoder calls, lets it decode them, and gathers the decoded tiles in order,
-on every rank or only on the output rank, which then stitches and streams the group's windows. Without an
-initialised process group it is a plain loop on one process, one window at a time.
+ranks go two windows at a time, 7 tiles each), and for each group `share_tiles` gives each rank a
+balanced, contiguous run of the decoder calls; the rank decodes them (decoding.py's loop) and `gather_tiles`
+gathers the decoded tiles in order, on every rank or only on the output rank, which then stitches and
+streams the group's windows. Without an initialised process group a rank's share is every call, one window
+at a time, and nothing is gathered.
 
 Failures: before a decode the ranks agree on its settings (`agree_call`: different latents or per-call
 options would pair collectives of different sizes, which aborts or hangs gloo), and a rank whose own decode
-fails tells the others at the next gather (`decode_shared`), so every rank raises the same error. A rank
+fails tells the others at the next gather (`gather_tiles`), so every rank raises the same error. A rank
 that dies (killed, out of memory) breaks the process group: a collective that fails then raises `RankLost`,
 naming the ranks of this host that are gone (`init_process_group` records every rank's host and process
 id), and only the lowest rank still running reports it (`reports_failures`).
@@ -278,36 +279,30 @@ def plan_tile_calls(
     return [calls[a:b] for a, b in split_balanced(len(calls), ranks)]
 
 
-def decode_shared(
-    count: int,
-    tile_batch: int | None,
-    output_rank: int | None,
-    allocate: Callable[[int], torch.Tensor],
-    decode_calls: Callable[[list[tuple[int, int]], torch.Tensor], None],
-    per_window: int | None = None,
-) -> torch.Tensor | None:
-    """Decode `count` tiles (of consecutive windows of `per_window` tiles) across the ranks; return all of
-    them, in order, where the output is received.
-
-    allocate(n) returns an empty (n, ...) buffer for n decoded tiles; decode_calls(calls, out) decodes this
-    rank's calls, a list of consecutive tile ranges (start, end), into `out`, whose first row is tile
-    calls[0][0]. Returns the (count, ...) decoded tiles, or None on a rank that does not receive the output
-    (see `receives_output`).
-    """
+def share_tiles(
+    count: int, tile_batch: int | None, per_window: int | None = None
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """This rank's decoder calls for `count` tiles (of consecutive windows of `per_window` tiles), as
+    consecutive tile ranges (start, end), and the number of tiles each rank decodes (`plan_tile_calls`).
+    One process: every call, and counts [count]."""
     rank, ranks = rank_and_world()
     calls = plan_tile_calls(count, tile_batch, ranks, per_window)
-    counts = [sum(end - start for start, end in rank_calls) for rank_calls in calls]
-    local = allocate(counts[rank])
+    return calls[rank], [sum(end - start for start, end in rank_calls) for rank_calls in calls]
+
+
+def gather_tiles(
+    local: torch.Tensor, counts: list[int], output_rank: int | None, failure: Exception | None = None
+) -> torch.Tensor | None:
+    """After each rank decoded its share (`share_tiles`) into `local` (counts[rank] tiles) or failed with
+    `failure`: every decoded tile in order, where the output is received (see `receives_output`), else None.
+
+    A rank's failure is told to every rank first, so that none waits in the gather for it: the failing rank
+    raises its own error, the others RankFailed. One process: `local`, or its failure raised."""
+    ranks = len(counts)
     if ranks == 1:
-        if calls[rank]:
-            decode_calls(calls[rank], local)
+        if failure is not None:
+            raise failure
         return local
-    failure = None
-    try:
-        if calls[rank]:
-            decode_calls(calls[rank], local)
-    except Exception as error:  # told to the other ranks first, so that none waits in the gather for it
-        failure = error
     failed = agree(None if failure is None else (1, f"{type(failure).__name__}: {failure}"), ranks)
     if failure is not None:
         raise failure

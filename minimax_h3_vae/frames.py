@@ -1,13 +1,11 @@
-"""The decoder's output: ImageNet-normalised RGB to RGB in [0, 1], to uint8 RGB frames and to the
-yuv420p planes of an mp4 (colour.py)."""
+"""The decoder's output: ImageNet-normalised RGB to RGB in [0, 1] and to uint8 RGB frames (the command's mp4
+planes: command/colour.py)."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-
-from .colour import rgb_to_yuv420p
 
 # ImageNet statistics: the decoder's output space is `(rgb - mean) / std` with rgb in [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -44,7 +42,7 @@ def to_unit_rgb(video: torch.Tensor) -> torch.Tensor:
     return (video.float() * std + mean).clamp_(0.0, 1.0)
 
 
-def _one_video(video: torch.Tensor, name: str) -> torch.Tensor:
+def one_video(video: torch.Tensor, name: str) -> torch.Tensor:
     """Decoder output of one video, (3, F, H, W) or (1, 3, F, H, W) -> (3, F, H, W); ValueError otherwise."""
     _check_video(video, name)
     if video.ndim == 5:
@@ -56,12 +54,5 @@ def _one_video(video: torch.Tensor, name: str) -> torch.Tensor:
 
 def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     """Decoder output of one video (3, F, H, W) or (1, 3, F, H, W) -> uint8 frames (F, H, W, 3), rounded."""
-    video = _one_video(video, "to_uint8_frames")
+    video = one_video(video, "to_uint8_frames")
     return to_unit_rgb(video).mul_(255.0).round_().to(torch.uint8).permute(1, 2, 3, 0).contiguous()
-
-
-def to_yuv420p_frames(video: torch.Tensor) -> torch.Tensor:
-    """Decoder output of one video (3, F, H, W) or (1, 3, F, H, W), H and W even -> uint8 (F, H * W * 3 // 2) on
-    the same device: per frame BT.709 limited-range Y'CbCr 4:2:0 planes, Y' then Cb then Cr, converted from
-    the float RGB in [0, 1] with one rounding (`colour.rgb_to_yuv420p`)."""
-    return rgb_to_yuv420p(to_unit_rgb(_one_video(video, "to_yuv420p_frames")))

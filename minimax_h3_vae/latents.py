@@ -5,6 +5,7 @@ read by `load_latents`, and by the command through `read_latents_header`, `read_
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import stat
@@ -15,9 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from . import output
 from .audio.config import H3AudioDecoderConfig
 from .config import H3DecoderConfig
+from .files import create_temp, resolve_output
 from .reader import read_checked_header, read_header, read_tensor
 from .text import parse_number, parse_whole, shown
 from .tiling import plan_chunks
@@ -34,6 +35,9 @@ RELEASED_AUDIO = H3AudioDecoderConfig()
 STEREO = 2
 AUDIO_KEY = "audio_latents"
 AUDIO_RATE_KEY = "audio_sample_rate"
+DEFAULT_FPS = 24.0  # H3's frame rate: latents without fps metadata
+# Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
+FPS_RANGE = (0.01, 1000.0)
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -176,6 +180,13 @@ def denormalize_latents(z: torch.Tensor, config: H3DecoderConfig) -> torch.Tenso
     return out
 
 
+def check_fps(fps: float, where: str) -> None:
+    """ValueError naming `where` for a frame rate outside FPS_RANGE (or not finite)."""
+    low, high = FPS_RANGE
+    if not (math.isfinite(fps) and low <= fps <= high):
+        raise ValueError(f"{where} must be a frame rate between {low:g} and {high:g}, got {fps!r}")
+
+
 def save_latents(
     path: str | os.PathLike, latents: torch.Tensor, fps: float | None = None, audio_latents: torch.Tensor | None = None
 ) -> Path:
@@ -203,13 +214,13 @@ def save_latents(
             value = float(fps)
         except OverflowError:  # an int too large for a float
             value = float("inf")
-        output.check_fps(value, "fps")
+        check_fps(value, "fps")
         metadata["fps"] = repr(value)
     tensors = {"latents": latents.detach().float().cpu().contiguous()}
     if audio_latents is not None:
-        tensors[AUDIO_KEY] = _checked_audio(audio_latents, shape[-3], float(metadata.get("fps", output.DEFAULT_FPS)))
+        tensors[AUDIO_KEY] = _checked_audio(audio_latents, shape[-3], float(metadata.get("fps", DEFAULT_FPS)))
         metadata[AUDIO_RATE_KEY] = str(RELEASED_AUDIO.sample_rate)
-    path = output.resolve_output(Path(os.fspath(path)))  # a symbolic link is written through
+    path = resolve_output(Path(os.fspath(path)))  # a symbolic link is written through
     if path.is_dir():
         raise ValueError(f"{shown(path)}: is a folder; give a file name")
     try:
@@ -218,7 +229,7 @@ def save_latents(
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask  # what open() gives a new file (the library writes its files 0600)
-    temp = output.create_temp(path)
+    temp = create_temp(path)
     try:
         save_file(tensors, str(temp), metadata=metadata or None)
         os.chmod(temp, mode)

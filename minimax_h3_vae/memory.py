@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .config import H3DecoderConfig
-from .distributed import plan_tile_calls, window_group
+from .distributed import host_ranks, plan_tile_calls, rank_and_world, window_group
 from .tiling import RELEASE_TILING, Tiling, plan_chunks, plan_tiles
 
 F32 = 4
@@ -138,6 +138,31 @@ def plan(
     return dataclasses.replace(mine, host_ranks=host_ranks, host_others=total - mine.host)
 
 
+def decode_plan(
+    config: H3DecoderConfig, shape: tuple[int, ...], dtype: torch.dtype, device_type: str, runtime
+) -> MemoryPlan:
+    """The plan of one decode on this process (`H3VideoDecoder.memory_plan`): latents `shape` (B, C, T, h,
+    w), block linears in `dtype`, on a device of `device_type`, with the run settings `runtime` (a
+    runtime.Runtime: its offload, tiling, tile batch and output rank); under torch.distributed, this rank's
+    plan beside the other ranks of its host."""
+    batch, *latents = shape
+    rank, ranks = rank_and_world()
+    return plan(
+        config,
+        tuple(latents),
+        dtype=dtype,
+        device_type=device_type,
+        offload=runtime.offload,
+        tiling=runtime.tiling,
+        tile_batch=runtime.tile_batch,
+        batch=batch,
+        ranks=ranks,
+        output_rank=runtime.output_rank,
+        rank=rank,
+        host_ranks=host_ranks(),
+    )
+
+
 def _plan(config, shape, dtype, device_type, offload, tiling, tile_batch, batch, ranks, *, receives) -> MemoryPlan:
     c = config
     channels, frames, h, w = shape
@@ -159,7 +184,7 @@ def _plan(config, shape, dtype, device_type, offload, tiling, tile_batch, batch,
     stitched = batch * c.out_channels * window_frames * height * width * F32
     window = count * (latent_tile + decoded_tile) + 2 * stitched  # this window's frames and the last one's
     windows, group, share = 1, window, count
-    if ranks > 1:  # distributed.decode_shared over a group of windows
+    if ranks > 1:  # distributed.share_tiles over a group of windows
         units = count if tile_batch is None else -(-count // tile_batch)
         windows = window_group(units, len(chunks.starts), ranks)
         calls = plan_tile_calls(windows * count, tile_batch, ranks, count)

@@ -13,6 +13,7 @@ test can give it a recorder and check the slot order on the CPU.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -52,6 +53,7 @@ class BlockStreamer:
 
     blocks: the decoder's blocks, whose linears hold host tensors (pinned when the device is CUDA), all of
     one layout across blocks. `on_device(i)` is a context in which block i's linears hold device tensors.
+    `in_use` is held by the one layer-major decode that goes through the slots at a time.
     streams: the stream and event calls (default: CUDA's on `device`; nothing moves on a CPU device unless
     a test passes its own).
     """
@@ -59,6 +61,7 @@ class BlockStreamer:
     def __init__(self, blocks: nn.ModuleList, device: torch.device, streams: CudaStreams | None = None):
         self.blocks = blocks
         self.device = device
+        self.in_use = threading.Lock()
         self.moves = device.type == "cuda" or streams is not None
         self.slot_bytes = 0
         if not self.moves:

@@ -16,7 +16,7 @@ import torch
 from repo import TINY
 from safetensors.torch import save_file
 
-from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae.command import main as cli_module
 
 OLD = b"an older output that must survive" * 64  # an existing output, which a failed run must leave as it was
 

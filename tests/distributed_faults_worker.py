@@ -61,7 +61,7 @@ def api(checkpoint: str, folder: Path) -> None:
 def cli_fail(args: list[str]) -> int:
     import os
 
-    from minimax_h3_vae import cli
+    from minimax_h3_vae.command import main as cli
 
     if os.environ["RANK"] == "1":
 

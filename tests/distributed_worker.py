@@ -73,11 +73,12 @@ def api(checkpoint: str, folder: Path, rank: int) -> None:
 
 
 def cli_sweep(checkpoint: str, folder: Path, rank: int) -> None:
-    from minimax_h3_vae import cli
+    from minimax_h3_vae.command import flags
+    from minimax_h3_vae.command import main as cli
 
     for length in CLI_LENGTHS:
         args = [folder / f"in_{length}.safetensors", folder / f"out_{length}.safetensors", "--model", checkpoint]
-        args = cli.parse_args([*map(str, args), "--device", "cpu", "--tile-batch", "1"])
+        args = flags.parse_args([*map(str, args), "--device", "cpu", "--tile-batch", "1"])
         cli.run(args, rank, dist.get_world_size(), None)
 
 
@@ -92,7 +93,7 @@ def sweep(checkpoint: str, folder: Path, jobs: list[str]) -> None:
 
 
 def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
-    from minimax_h3_vae.cli import main
+    from minimax_h3_vae.command.main import main
 
     rank = int(__import__("os").environ["RANK"])
     return main([*args, "--model", checkpoint if rank == 0 or same else checkpoint + ".missing"])

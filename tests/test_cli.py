@@ -1,4 +1,4 @@
-"""The `minimax-h3-decode` command (minimax_h3_vae/cli.py): end to end, flags, and its contract on bad input
+"""The `minimax-h3-decode` command (minimax_h3_vae/command/): end to end, flags, and its contract on bad input
 (exit 2, one 'error:' line, nothing written) and on failure (nothing written, no temporary file left, an
 existing output kept)."""
 
@@ -19,8 +19,10 @@ import torch
 from repo import EXAMPLE_LATENTS, REPO, SCRIPT, TINY
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, output, to_uint8_frames
-from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
+from minimax_h3_vae.command import main as cli_module
+from minimax_h3_vae.command import output
+from minimax_h3_vae.command.writer import BackgroundWriter
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def test_console_script_is_installed_and_runs(tmp_path):
     except PackageNotFoundError:
         pytest.skip("the package is imported from a source tree, not installed: no console script")
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.cli:console_main"
+    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.command.main:console_main"
     command = shutil.which("minimax-h3-decode", path=str(Path(sys.executable).parent))
     assert command, "the console script is not beside this Python"
     result = subprocess.run([command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -524,7 +526,6 @@ def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch
 def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
     """The frames are written from a background thread: its error (here a full disk while piping frames to
     ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""
-    from minimax_h3_vae import output
 
     calls = []
 
@@ -567,7 +568,7 @@ class RecordingSink:
 
 def test_writer_takes_host_frames_in_order():
     sink = RecordingSink()
-    writer = output.BackgroundWriter(sink)
+    writer = BackgroundWriter(sink)
     chunks = [torch.randint(0, 256, (3, 4, 5, 3), dtype=torch.uint8) for _ in range(6)]
     for chunk in chunks:
         writer.put(chunk)
@@ -579,7 +580,7 @@ def test_writer_takes_host_frames_in_order():
 def test_writer_copies_cuda_frames_through_a_few_pinned_buffers():
     """CUDA chunks arrive in order and intact, through pinned buffers that are reused (depth + 2 at most)."""
     sink = RecordingSink()
-    writer = output.BackgroundWriter(sink, depth=2)
+    writer = BackgroundWriter(sink, depth=2)
     chunks = [torch.randint(0, 256, (f, 64, 96, 3), dtype=torch.uint8, device="cuda") for f in (17, 17, 5) * 4]
     for chunk in chunks:
         writer.put(chunk)
@@ -594,7 +595,7 @@ def test_writer_does_not_wait_for_the_chunk_it_is_given():
     """`put` queues the copy of its chunk and waits only for the chunk before: with a second of GPU work
     queued ahead of the new chunk, it returns at once, and the copy is still pending."""
     sink = RecordingSink()
-    writer = output.BackgroundWriter(sink)
+    writer = BackgroundWriter(sink)
     first = torch.full((2, 8, 8, 3), 7, dtype=torch.uint8, device="cuda")
     writer.put(first)
     torch.cuda._sleep(int(2e9))  # about a second of GPU time at H200 clocks, queued before the next chunk
@@ -621,7 +622,7 @@ def test_writer_error_reaches_the_caller_and_cancel_returns(device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     for finish in ("close", "cancel"):
-        writer = output.BackgroundWriter(FailingSink(), depth=2)
+        writer = BackgroundWriter(FailingSink(), depth=2)
         chunks = [torch.full((3, 16, 16, 3), i, dtype=torch.uint8, device=device) for i in range(8)]
         if finish == "close":
             with pytest.raises(OSError, match="No space left"):

@@ -37,9 +37,10 @@ from repo import EXAMPLE_LATENTS, SCRIPT, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, output, to_uint8_frames
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, to_uint8_frames
 from minimax_h3_vae import latents as latents_module
 from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
+from minimax_h3_vae.command import output
 
 
 @pytest.fixture(autouse=True)
@@ -241,7 +242,7 @@ def test_signal_during_decoding(tmp_path, signum, code):
 
 
 def test_temp_name_is_short_and_recognisable(tmp_path):
-    name = output.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
+    name = files.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
     assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40
 
 
@@ -747,7 +748,7 @@ def test_diagnostics_never_cost_the_output(tmp_path, stderr):
 
 
 def test_signals_handled_are_every_catchable_terminating_one():
-    from minimax_h3_vae.cli import STOP_SIGNALS
+    from minimax_h3_vae.command.report import STOP_SIGNALS
 
     assert {signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM, signal.SIGXCPU} <= set(STOP_SIGNALS)
 

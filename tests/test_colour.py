@@ -1,4 +1,4 @@
-"""The mp4's colours (minimax_h3_vae/colour.py, the Mp4Sink): BT.709 limited-range Y'CbCr 4:2:0 with left
+"""The mp4's colours (minimax_h3_vae/command/colour.py, the Mp4Sink): BT.709 limited-range Y'CbCr 4:2:0 with left
 chroma siting, made in torch before the frames cross to ffmpeg, and a stream tagged bt709 / tv.
 
 The conversion is checked against a float64 evaluation of BT.709's formula written out here; the mp4 is
@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from repo import TINY
 from safetensors.torch import save_file
 
-from minimax_h3_vae import H3VideoDecoder, output
-from minimax_h3_vae import cli as cli_module
-from minimax_h3_vae.colour import rgb_to_yuv420p
-from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD, to_yuv420p_frames
+from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae.command import main as cli_module
+from minimax_h3_vae.command import output
+from minimax_h3_vae.command.colour import rgb_to_yuv420p, to_yuv420p_frames
+from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD
 
 # ITU-R BT.709's luma coefficients; 8-bit limited range: Y' 16-235, Cb and Cr 16-240.
 KR, KB = 0.2126, 0.0722
@@ -144,7 +145,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     """The sink of a crf > 0 mp4 takes yuv420p planes (half the bytes of RGB) and refuses RGB frames; that
     of crf 0 (lossless RGB, unchanged) and of .safetensors take uint8 RGB."""
     video = torch.randn(1, 3, 2, 32, 48)
-    sink = output.open_sink(tmp_path / "a.mp4", 2, 32, 48, 24.0, crf=17)
+    sink = output.open_sink(tmp_path / "a.mp4", output.VideoFormat(2, 32, 48, 24.0, crf=17))
     try:
         frames = sink.convert(video)
         assert frames.shape == (2, 32 * 48 * 3 // 2) and frames.dtype == torch.uint8
@@ -153,7 +154,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     finally:
         sink.discard()
     for name, crf in (("b.mp4", 0), ("c.safetensors", 17)):
-        sink = output.open_sink(tmp_path / name, 2, 32, 48, 24.0, crf=crf)
+        sink = output.open_sink(tmp_path / name, output.VideoFormat(2, 32, 48, 24.0, crf=crf))
         try:
             assert sink.convert(video).shape == (2, 32, 48, 3)
         finally:

@@ -558,6 +558,7 @@ def test_comfyui_is_asked_to_free_what_the_decode_needs(monkeypatch):
     model = pytypes.SimpleNamespace(
         config=H3DecoderConfig(), device=cuda, compute_dtype=torch.float16, runtime=Runtime(offload="none")
     )
+    model.memory_plan = lambda shape, **options: H3VideoDecoder.memory_plan(model, shape, **options)
     comfyui._free_memory(model, torch.zeros(1, 24, 7, 48, 84), tile_batch=1)
     window, per_tile, frames_out = 1_315_012_608, 448_991_232, 619_315_200  # tests/test_memory.py, by hand
     assert calls == [(24 * 7 * 48 * 84 * 4 + window + per_tile + frames_out, cuda)]

@@ -111,7 +111,7 @@ def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
 @pytest.fixture(scope="module")
 def single_process_files(tmp_path_factory):
     """T -> the command's output for the sweep's input of clip length T, from one process on one thread."""
-    from minimax_h3_vae.cli import main
+    from minimax_h3_vae.command.main import main
 
     folder = tmp_path_factory.mktemp("single")
     write_cli_inputs(folder)

@@ -21,7 +21,8 @@ from repo import TINY
 from safetensors.torch import save_file
 
 import minimax_h3_vae
-from minimax_h3_vae import H3VideoDecoder, cli
+from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae.command import main as cli
 
 PACKAGE_ROOT = Path(minimax_h3_vae.__file__).resolve().parents[1]  # the ranks import the package under test
 WORKER = Path(__file__).with_name("distributed_faults_worker.py")
@@ -30,7 +31,7 @@ TYPE_NAMES = re.compile(r"\b\w+(Error|Exception)\b|NoneType|Traceback")
 
 def torchrun(*args, ranks=2, module=False, wait=True, timeout=180):
     """torchrun --standalone on `ranks` CPU ranks: the worker (or, with module=True, the command)."""
-    target = ["-m", "minimax_h3_vae.cli"] if module else [str(WORKER)]
+    target = ["-m", "minimax_h3_vae.command"] if module else [str(WORKER)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *target]
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
     env.pop("OMP_NUM_THREADS", None)  # torchrun's own choice (1 thread per rank) is part of what is tested

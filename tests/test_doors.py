@@ -12,8 +12,10 @@ from checkpoints import random_diffusers_vae
 from import_graph import package_imports
 from safetensors.torch import save_file
 
-from minimax_h3_vae import H3VideoDecoder, Tiling, cli, comfyui, denormalize_latents, to_unit_rgb
+from minimax_h3_vae import H3VideoDecoder, Tiling, comfyui, denormalize_latents, to_unit_rgb
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
+from minimax_h3_vae.command.flags import parse_args
+from minimax_h3_vae.command.preflight import prepare
 from minimax_h3_vae.diffusers import swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import GIB, resolve_call
 
@@ -46,7 +48,14 @@ def test_model_never_imports_the_orchestration():
         for target in graph[todo.pop()] - reached:
             reached.add(target)
             todo.append(target)
-    assert not reached & {"decoding", "loading", "weights", "runtime", "memory", "distributed", "cli"}, reached
+    assert not reached & {"decoding", "loading", "weights", "runtime", "memory", "distributed", "command.main"}, reached
+
+
+def test_the_library_never_imports_the_command():
+    """The command (minimax_h3_vae/command/) sits on top of the library: no module outside it imports it."""
+    graph = package_imports()
+    reaching = {m: sorted(t for t in ts if t.startswith("command")) for m, ts in graph.items()}
+    assert not {m: ts for m, ts in reaching.items() if ts and not m.startswith("command")}
 
 
 # ---- the same options through every door ---------------------------------------------------------------
@@ -59,8 +68,8 @@ def settings(decoder: H3VideoDecoder, runtime=None) -> tuple:
 def through_the_command(layouts, tmp_path, flags: list[str]) -> tuple:
     z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0))
     save_file({"latents": z}, str(tmp_path / "in.safetensors"))
-    args = cli.parse_args([str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), *flags])
-    prepared = cli.prepare(args, None, 0)
+    args = parse_args([str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), *flags])
+    prepared = prepare(args, None, 0)
     prepared.sink.discard()
     return settings(prepared.decoder)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from repo import REPO
 
-from minimax_h3_vae import cli
+from minimax_h3_vae.command import main as cli
 
 
 def test_help_has_examples(capsys):

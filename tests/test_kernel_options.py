@@ -18,7 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, cli, to_uint8_frames
+from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, to_uint8_frames
+from minimax_h3_vae.command import flags
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.fused import flash_attention
 from minimax_h3_vae.runtime import DecodeOptions, Runtime, resolve, resolve_attention, resolve_call, resolve_gemm
 
@@ -117,9 +119,9 @@ def test_the_option_is_checked_and_fixed_at_load(option):
 def test_the_command_defaults_to_the_portable_kernel_and_names_its_flag(option, layouts, tmp_path, capsys):
     """The command pays no quack or flash-attn-4 import unless asked (--gemm, --attention), and a value it cannot
     honour is one error line naming the flag, exit code 2, before anything is loaded."""
-    args = cli.parse_args(["in.safetensors", "out.mp4"])
+    args = flags.parse_args(["in.safetensors", "out.mp4"])
     assert getattr(args, option.name) == option.portable
-    assert getattr(cli.decode_options(args), option.name) == option.portable
+    assert getattr(flags.decode_options(args), option.name) == option.portable
     latents, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     save_file({"latents": torch.randn(24, 1, 2, 2)}, str(latents))
     argv = [str(latents), str(out), "--model", str(layouts["original"]), "--device", "cpu"]

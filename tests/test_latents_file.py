@@ -14,7 +14,8 @@ import torch
 from repo import TINY
 from safetensors.torch import save_file
 
-from minimax_h3_vae import cli, load_latents, save_latents
+from minimax_h3_vae import load_latents, save_latents
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.latents import read_latents, read_latents_header
 
 

@@ -158,7 +158,7 @@ def test_cli_offload_blocks_writes_the_resident_frames(tmp_path, capsys, one_thr
     """--offload blocks --tile-batch 2 writes exactly the frames of the resident decode with tile batch 2."""
     from safetensors.torch import load_file, save_file
 
-    from minimax_h3_vae import cli
+    from minimax_h3_vae.command import main as cli
 
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
     save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
@@ -175,7 +175,7 @@ def test_cli_offload_blocks_writes_the_resident_frames(tmp_path, capsys, one_thr
 def test_cli_rejects_a_bad_memory_cap(tmp_path, capsys, value):
     from safetensors.torch import save_file
 
-    from minimax_h3_vae import cli
+    from minimax_h3_vae.command import main as cli
 
     save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
     args = [tmp_path / "in.safetensors", tmp_path / "o.safetensors", "--model", TINY, "--device", "cpu"]

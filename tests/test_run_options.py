@@ -18,7 +18,8 @@ from repo import TINY
 from safetensors.torch import save_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from minimax_h3_vae import DecodeOptions, H3VideoDecoder, cli
+from minimax_h3_vae import DecodeOptions, H3VideoDecoder
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.diffusers import SwapError, swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import ATTENTION_BACKENDS, Runtime, check_machine
 

@@ -10,7 +10,7 @@ from repo import REPO
 from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, save_latents, to_uint8_frames
-from minimax_h3_vae import cli as cli_module
+from minimax_h3_vae.command import main as cli_module
 from minimax_h3_vae.latents import read_latents, read_latents_header
 
 

@@ -16,7 +16,8 @@ from audio_checkpoints import write_diffusers as write_diffusers_audio
 from checkpoints import random_diffusers_vae, write_diffusers
 from safetensors.torch import load_file, save_file
 
-from minimax_h3_vae import cli, load_latents, save_latents
+from minimax_h3_vae import load_latents, save_latents
+from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.latents import check_durations, read_latents_header
 
 FORTY = Fraction(40)  # H3's audio latents per second: 32 kHz / 800 samples per latent

@@ -21,8 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torchrun_runs import torchrun
 
-from minimax_h3_vae import H3AudioDecoder, cli, output, save_latents
+from minimax_h3_vae import H3AudioDecoder, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
+from minimax_h3_vae.command import main as cli
+from minimax_h3_vae.command import output
 from minimax_h3_vae.latents import read_latents_header
 
 

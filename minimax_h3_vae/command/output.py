@@ -21,35 +21,28 @@ name the filesystem takes works, and named so that one left by a SIGKILL is easy
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import json
-import math
 import os
-import queue
-import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import torch
 
-from .colour import yuv420p_bytes
-from .frames import NON_FINITE_FRAMES, to_uint8_frames, to_yuv420p_frames
-from .text import one_line, shown
+from ..files import check_length, create_temp
+from ..frames import to_uint8_frames
+from ..text import one_line, shown
+from .colour import to_yuv420p_frames, yuv420p_bytes
 
 OUTPUT_FORMATS = (".mp4", ".safetensors", ".wav", ".flac")
 AUDIO_FORMATS = (".wav", ".flac")  # the sound alone: the video is not decoded
-TEMP_PREFIX = ".minimax-h3-decode-"
-DEFAULT_FPS = 24.0  # H3's frame rate, the command's default
-# Frame rates ffmpeg's mp4 muxer takes (it fails below ~1e-4 fps); a range that covers any real video.
-FPS_RANGE = (0.01, 1000.0)
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see Mp4Sink)
 # What the yuv420p frames sent to ffmpeg are (colour.py), said to ffmpeg twice. On the input: ffmpeg
 # negotiates colour spaces in its filter graph (imageio-ffmpeg's 9.0 does), and untagged planes would be
@@ -79,6 +72,19 @@ MP4_MIN_SHARE = 1 / 50
 
 class WriteError(Exception):
     """Writing the output failed (disk full, ffmpeg failed): the message says where and why; OUT is kept."""
+
+
+@dataclass(frozen=True)
+class VideoFormat:
+    """What OUT takes of the video: `frames` frames of height x width at `fps`, and for an mp4 the encoder's
+    crf and preset (None: ffmpeg's)."""
+
+    frames: int
+    height: int
+    width: int
+    fps: float
+    crf: int = 17
+    preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,21 +118,6 @@ class Soundtrack:
         return self.samples.T.contiguous().view(torch.uint8).flatten()
 
 
-def temp_name(output: Path) -> Path:
-    return output.parent / f"{TEMP_PREFIX}{secrets.token_hex(4)}.part{output.suffix.lower()}"
-
-
-def create_temp(output: Path) -> Path:
-    """A new, empty, private temporary file beside `output`."""
-    while True:
-        path = temp_name(output)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            return path
-        except FileExistsError:
-            continue
-
-
 def ffmpeg_exe() -> str:
     """The ffmpeg binary of imageio-ffmpeg; ValueError naming the install command when it is missing."""
     try:
@@ -152,47 +143,6 @@ def least_bytes(output: Path, frames: int, height: int, width: int, sound: Sound
     if suffix == ".wav":
         return WAV_HEADER_BYTES + samples
     return 0 if suffix == ".flac" else int(raw * MP4_MIN_SHARE)
-
-
-def _limit(folder: Path, name: str, default: int) -> int:
-    try:
-        return os.pathconf(folder, name)
-    except (OSError, ValueError):  # a folder that does not exist (reported later), or a path too long for it
-        return default
-
-
-def check_length(output: Path) -> None:
-    """ValueError for an OUT the system cannot take, before it is tried: a name longer than its filesystem
-    takes (NAME_MAX, 255 bytes on most), or a path (OUT's, or the temporary file's beside it) of PATH_MAX
-    bytes (4096 on Linux) or more."""
-    path_max = _limit(output.parent, "PC_PATH_MAX", 4096)
-    longest = max(len(os.fsencode(output)), len(os.fsencode(temp_name(output))))
-    if longest >= path_max:
-        raise ValueError(
-            f"{shown(output)}: the path is {longest} bytes long (with the temporary file beside it), the system "
-            f"takes less than {path_max}; give a shorter path"
-        )
-    name_max = _limit(output.parent, "PC_NAME_MAX", 255)
-    for part in output.parts:
-        if len(os.fsencode(part)) > name_max:
-            raise ValueError(
-                f"{shown(output)}: the name {shown(part[:40])}... is {len(os.fsencode(part))} bytes long, the "
-                f"filesystem takes at most {name_max}; give a shorter name"
-            )
-
-
-def resolve_output(output: Path) -> Path:
-    """Where OUT is written: OUT itself, or for a symbolic link the file it points to (the output is written
-    through the link, as `cp` writes, and the link stays). ValueError for a link loop or a path too long."""
-    check_length(output)
-    if not output.is_symlink():
-        return output
-    try:
-        os.stat(output)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise ValueError(f"{shown(output)}: is a symbolic link loop; give a file name") from None
-    return Path(os.path.realpath(output))
 
 
 def check_output_name(output: Path) -> None:
@@ -322,7 +272,7 @@ def _sound_file(sound: Soundtrack, folder: Path):
 
 
 def check_free_space(output: Path, needed: int) -> None:
-    from .memory import format_size
+    from ..memory import format_size
 
     free = shutil.disk_usage(output.parent).free
     if free < needed:
@@ -512,7 +462,7 @@ class SafetensorsSink(Sink):
         self.handle.close()
         if self.temp.stat().st_size != self.size:
             raise WriteError(f"{shown(self.output)}: wrote {self.temp.stat().st_size} bytes, expected {self.size}")
-        from .reader import read_header
+        from ..reader import read_header
 
         try:
             tensors = read_header(self.temp).tensors
@@ -541,19 +491,10 @@ class Mp4Sink(Sink):
     back are exactly the decoded ones; many players cannot play it). The sound is AAC either way.
     """
 
-    def __init__(
-        self,
-        output: Path,
-        frames: int,
-        height: int,
-        width: int,
-        fps: float,
-        crf: int = 17,
-        preset: str | None = None,
-        sound: Soundtrack | None = None,
-    ):
+    def __init__(self, output: Path, video: VideoFormat, sound: Soundtrack | None = None):
         self.process = self.log = None
         self.sound, self.sound_file = sound, None
+        frames, height, width, fps, crf, preset = dataclasses.astuple(video)
         super().__init__(output, frames, height, width)
         self.planar = crf != 0
         if self.planar:
@@ -762,123 +703,14 @@ def count_audio_samples(path: Path) -> int | None:
     return round(end * int(rate[0]))
 
 
-def open_sink(
-    output: Path,
-    frames: int,
-    height: int,
-    width: int,
-    fps: float,
-    crf: int = 17,
-    preset: str | None = None,
-    sound: Soundtrack | None = None,
-) -> OutputFile:
+def open_sink(output: Path, video: VideoFormat, sound: Soundtrack | None = None) -> OutputFile:
     """The output file for OUT's format: for .wav and .flac (the sound alone) `sound` is required and the
     frames are not taken."""
     suffix = output.suffix.lower()
     if suffix == ".mp4":
-        return Mp4Sink(output, frames, height, width, fps, crf, preset, sound)
+        return Mp4Sink(output, video, sound)
     if suffix == ".wav":
         return WavSink(output, sound)
     if suffix == ".flac":
         return FlacSink(output, sound)
-    return SafetensorsSink(output, frames, height, width, sound)
-
-
-class BackgroundWriter:
-    """Writes frames to a sink from a thread, so that copying and encoding a chunk overlap decoding the next.
-
-    `put(frames)` takes one chunk's uint8 frames (`sink.convert`'s) on the CPU or a CUDA device. CUDA frames are
-    copied into a pinned host buffer in stream order, without waiting; `put` then waits only for the copy
-    of the chunk before, so the GPU always has the next chunk's work queued while the host writes, and the
-    host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
-    host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
-    `put` or at `close`.
-    """
-
-    def __init__(self, sink: Sink, depth: int = 2):
-        self.sink = sink
-        self.queue = queue.Queue(maxsize=depth)
-        self.idle = queue.Queue()  # pinned buffers the thread has written out
-        self.buffers, self.most_buffers, self.largest = 0, depth + 2, 0
-        self.last_copy = None  # the event of the latest chunk's copy to the host
-        self.error: BaseException | None = None
-        self.cancelled = False
-        self.first_written: float | None = None  # time.perf_counter() when the first chunk was written
-        self.thread = threading.Thread(target=self._run, name="frame-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            frames, copied, buffer, finite = item
-            if self.error is None and not self.cancelled:
-                try:
-                    if copied is not None:
-                        copied.synchronize()
-                    if finite is not None and not bool(finite):
-                        raise WriteError(f"{shown(self.sink.output)}: {NON_FINITE_FRAMES}; nothing was written")
-                    self.sink.write(frames)
-                    self.first_written = self.first_written or time.perf_counter()
-                except BaseException as error:  # handed to the caller; keep draining so it never blocks
-                    self.error = error
-            if buffer is not None:
-                self.idle.put(buffer)
-
-    def put(self, frames, finite=None) -> None:
-        """frames: one chunk's uint8 frames. finite: a bool tensor on the frames' device, False when the
-        chunk they were made from held NaN or Inf; read only after the copy landed, so it costs no wait."""
-        if self.error is not None:
-            raise self.error
-        buffer = copied = None
-        if frames.is_cuda:
-            buffer = self._buffer(frames.numel())
-            host = buffer[: frames.numel()].view(frames.shape)
-            host.copy_(frames, non_blocking=True)
-            if finite is not None:  # to the host with the frames, so that reading it waits for nothing else
-                finite = torch.empty((), dtype=torch.bool, pin_memory=True).copy_(finite, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(frames.device))
-            earlier, self.last_copy, frames = self.last_copy, copied, host
-            if earlier is not None:
-                earlier.synchronize()
-        self.queue.put((frames, copied, buffer, finite))
-
-    def _buffer(self, size: int):
-        """A pinned uint8 buffer of at least `size` bytes: one the thread is done with, or a new one while
-        there are fewer than `most_buffers`. New buffers take the largest chunk seen so far, so that a short
-        chunk (a clip's last) never leaves a buffer too small for the next."""
-        self.largest = max(self.largest, size)
-        buffer = None
-        if self.buffers < self.most_buffers and self.idle.empty():
-            self.buffers += 1
-        else:
-            buffer = self.idle.get()
-        if buffer is None or buffer.numel() < size:
-            buffer = torch.empty(self.largest, dtype=torch.uint8, pin_memory=True)
-        return buffer
-
-    def close(self) -> None:
-        """Wait for every queued chunk to be written; raise the writer's error, if any."""
-        self._stop()
-        if self.error is not None:
-            raise self.error
-
-    def cancel(self) -> None:
-        """Drop what is queued and end the thread (after the chunk it is writing, if any)."""
-        self.cancelled = True
-        while True:
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-        self._stop()
-
-    def _stop(self) -> None:
-        if self.thread.is_alive():
-            self.queue.put(None)
-            self.thread.join()
-
-
-def check_fps(fps: float, where: str) -> None:
-    low, high = FPS_RANGE
-    if not (math.isfinite(fps) and low <= fps <= high):
-        raise ValueError(f"{where} must be a frame rate between {low:g} and {high:g}, got {fps!r}")
+    return SafetensorsSink(output, video.frames, video.height, video.width, sound)

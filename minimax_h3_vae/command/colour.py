@@ -1,9 +1,9 @@
 """R'G'B' to the Y'CbCr an H.264 player expects from HD video: BT.709, limited range, 4:2:0, left siting.
 
 Players read an untagged HD stream as BT.709 and a tagged one by its tags, so the mp4 is converted here with
-BT.709's matrix and tagged bt709 / tv (output.py). Doing it in torch, where the frames are (on the GPU for
-a CUDA decode), halves the bytes that cross to the host and to ffmpeg, and takes the conversion off
-ffmpeg's single-threaded scaler.
+BT.709's matrix and tagged bt709 / tv (output.py); `to_yuv420p_frames` takes the decoder's output. Doing it
+in torch, where the frames are (on the GPU for a CUDA decode), halves the bytes that cross to the host and
+to ffmpeg, and takes the conversion off ffmpeg's single-threaded scaler.
 
 The formula (ITU-R BT.709: Kr = 0.2126, Kb = 0.0722, Kg = 1 - Kr - Kb; 8-bit limited range: Y' 16-235 and
 Cb, Cr 16-240 for R'G'B' in [0, 1]):
@@ -24,6 +24,8 @@ centred on the sample's own position.
 from __future__ import annotations
 
 import torch
+
+from ..frames import one_video, to_unit_rgb
 
 KR, KB = 0.2126, 0.0722
 KG = 1.0 - KR - KB
@@ -79,3 +81,10 @@ def rgb_to_yuv420p(rgb: torch.Tensor) -> torch.Tensor:
     cb.view(frames, height // 2, width // 2).copy_(_weighted(sub, CB, 128.0))
     cr.view(frames, height // 2, width // 2).copy_(_weighted(sub, CR, 128.0))
     return out
+
+
+def to_yuv420p_frames(video: torch.Tensor) -> torch.Tensor:
+    """Decoder output of one video (3, F, H, W) or (1, 3, F, H, W), H and W even -> uint8 (F, H * W * 3 // 2) on
+    the same device: per frame BT.709 limited-range Y'CbCr 4:2:0 planes, Y' then Cb then Cr, converted from
+    the float RGB in [0, 1] with one rounding (`rgb_to_yuv420p`)."""
+    return rgb_to_yuv420p(to_unit_rgb(one_video(video, "to_yuv420p_frames")))

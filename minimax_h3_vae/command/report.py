@@ -1,0 +1,108 @@
+"""What the command says: one best-effort line on stderr (`say`), and for every way a run ends early its exit
+code and its one line (`describe`)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from .. import distributed
+from ..text import one_line, shown
+from .output import WriteError
+
+# Every signal whose default action ends the process and that a handler may catch (SIGKILL and SIGSTOP
+# cannot be caught; SIGPIPE stays ignored, as Python sets it, so a closed pipe is an error where it is
+# written; the fault signals SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT are crashes, not requests to stop).
+STOP_SIGNALS = {
+    signum: signum.name
+    for signum in (
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGALRM,
+        signal.SIGVTALRM,
+        signal.SIGPROF,
+        signal.SIGXCPU,
+        signal.SIGXFSZ,
+    )
+}
+
+# What writing to a closed (None or a closed file), full or broken stream raises.
+STREAM_ERRORS = (OSError, ValueError, AttributeError)
+
+
+class Diagnostics:
+    """A file-like stderr (for `say`, tqdm and tracebacks) that writes best-effort: a closed, full or broken
+    stderr never costs the output."""
+
+    def write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text)
+        except STREAM_ERRORS:
+            pass
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except STREAM_ERRORS:
+            pass
+
+
+def say(line: str) -> None:
+    """One line on stderr, best-effort (Diagnostics)."""
+    diagnostics = Diagnostics()
+    diagnostics.write(line + "\n")
+    diagnostics.flush()
+
+
+class InputError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+class Stopped(BaseException):
+    """A stop signal (STOP_SIGNALS) arrived: unwinds like KeyboardInterrupt, exit code 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+
+
+class Agreed(Exception):
+    """A failure that every rank has agreed on (under torchrun); rank 0 alone reports it."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code, self.line = code, line
+
+
+def describe(error: BaseException) -> tuple[int, str]:
+    """(exit code, the one line to print) for every way a run can end early: one line, whatever names or
+    text the message holds (text.one_line)."""
+    code, line = _describe(error)
+    return code, one_line(line)
+
+
+def _describe(error: BaseException) -> tuple[int, str]:
+    if isinstance(error, Agreed):
+        return error.code, error.line
+    if isinstance(error, InputError):
+        return 2, f"error: {error}"
+    gone = distributed.stopped_ranks()  # under torchrun, the ranks of this host that have stopped
+    cause = f" (rank {', '.join(map(str, gone))} had stopped)" if gone else ""
+    if isinstance(error, Stopped):
+        return 128 + error.signum, f"interrupted by {error}{cause}: nothing was written"
+    if isinstance(error, KeyboardInterrupt):
+        return 130, f"interrupted by SIGINT{cause}: nothing was written"
+    if isinstance(error, distributed.RankLost):
+        return 1, f"error: {error}; nothing was written"
+    if isinstance(error, distributed.RankFailed):
+        return 1, f"error: {error} (run with --verbose for rank {error.rank}'s traceback)"
+    if isinstance(error, WriteError):
+        return 1, f"error: {error}"
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{shown(error.filename)}: " if error.filename else ""
+        return 1, f"error: {where}{error.strerror}; nothing was written"
+    return 1, f"error: {type(error).__name__}: {error} (run with --verbose for the traceback)"
