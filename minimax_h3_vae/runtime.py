@@ -340,9 +340,10 @@ _CHECKS = {
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device to run on: as given (if this machine has it), else CUDA when available, else the CPU."""
+    """The device to run on: as given (if this machine has it), else CUDA when available, else the CPU. CUDA
+    without an index is the current CUDA device, named (cuda:N): the resolved run state says which GPU."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     resolved = _check_device(device)
     device = str(device) if isinstance(device, torch.device) else device  # as the user wrote it, in messages
     if resolved.type == "cuda":
@@ -350,6 +351,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             raise ValueError(f"device {device!r}: no CUDA device is available; use 'cpu'")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r}: there are only {torch.cuda.device_count()} CUDA device(s)")
+        if resolved.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
     return resolved
 
 

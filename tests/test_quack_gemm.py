@@ -122,9 +122,10 @@ def test_loading_quack_leaves_the_logging_classes_alone():
 
 
 def test_eager_op_is_linear_then_gate():
-    """The block's w1 op is the release's two steps, w1's output rounded to fp16 before the gate."""
+    """The block's w1 op is the release's two steps: w1 in fp16 (torch's linear, as the release runs it), its
+    output rounded to fp16 before the gate, then the gate's own roundings."""
     x, w, b = torch.randn(4, 16).half(), torch.randn(32, 16).half(), torch.randn(32).half()
-    h = F.linear(x.float(), w.float(), b.float()).half()
+    h = F.linear(x, w, b)
     expected = (F.silu(h[:, :16].float()).half().float() * h[:, 16:].float()).half()
     assert torch.equal(blocks.linear_silu_mul(x, w, b), expected)
 
