@@ -259,7 +259,9 @@ def _in_release_order(op, rows: torch.Tensor):
     on_device = {}
 
     def release_order(x, weight, bias, *args):
-        index = on_device.setdefault(weight.device, inverse.to(weight.device))
+        if weight.device not in on_device:  # copied to each device once, not per call
+            on_device[weight.device] = inverse.to(weight.device)
+        index = on_device[weight.device]
         return op(x, weight.index_select(0, index), None if bias is None else bias.index_select(0, index), *args)
 
     return release_order
