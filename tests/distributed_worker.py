@@ -24,9 +24,11 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from minimax_h3_vae import H3VideoDecoder  # noqa: E402
+from minimax_h3_vae import H3VideoDecoder, Tiling  # noqa: E402
 
-SHAPES = ((1, 1), (1, 29), (20, 20))  # latent (h, w): less than one tile, a row of 3 tiles, 2 x 2 tiles
+# The `api` job's latent frame sizes (h, w) and tilings: less than one tile, a row of 3 tiles, and 2 x 2 tiles
+# of 4 x 4 latents (a quarter of the release's tile side: the same schedule for 1/16 of the tokens per tile).
+SHAPES = ((1, 1, Tiling()), (1, 29, Tiling()), (6, 6, Tiling(64, 16)))
 API_LENGTHS = (1, 2, 3, 7, 12, 13)
 CLI_LENGTHS = (1, 2, 3, 7, 8, 12, 13)
 AUTO_THREADS = 2  # the automatic batch's run: 2 threads per process
@@ -65,10 +67,10 @@ def auto(checkpoint: str, out_dir: Path, rank: int) -> None:
 def api(checkpoint: str, folder: Path, rank: int) -> None:
     model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
     for length in API_LENGTHS:
-        for h, w in SHAPES:
+        for h, w, tiling in SHAPES:
             z = sweep_latents(length, h, w)
             for tile_batch in (1, 3):
-                out = model.decode(z, tile_batch=tile_batch)
+                out = model.decode(z, tile_batch=tile_batch, tiling=tiling)
                 torch.save(out, folder / f"api_{length}_{h}_{w}_{tile_batch}_rank{rank}.pt")
 
 

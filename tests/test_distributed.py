@@ -156,9 +156,9 @@ def single_process_decodes():
     torch.set_num_threads(1)
     try:
         return {
-            (length, h, w, tile_batch): model.decode(sweep_latents(length, h, w), tile_batch=tile_batch)
+            (length, h, w, tile_batch): model.decode(sweep_latents(length, h, w), tile_batch=tile_batch, tiling=tiling)
             for length in API_LENGTHS
-            for h, w in SHAPES
+            for h, w, tiling in SHAPES
             for tile_batch in (1, 3)
         }
     finally:
@@ -167,8 +167,8 @@ def single_process_decodes():
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_windows_x_tiles_across_ranks_equal_one_process(torchrun_sweep, single_process_decodes, ranks):
-    """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile and larger, and
-    tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""
+    """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile, a row of tiles and
+    a 2 x 2 grid, and tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""
     folder = torchrun_sweep(ranks)
     for (length, h, w, tile_batch), expected in single_process_decodes.items():
         for rank in range(ranks):

@@ -19,8 +19,9 @@ DEVICES = [
 ]
 
 
-def latents(seed=0, frames=8, height=17, width=30):
-    """Two temporal windows of 2 x 3 tiles (464 px wide: overlaps three deep)."""
+def latents(seed=0, frames=8, height=2, width=70):
+    """Two temporal windows of 6 tiles in a row, 2 x 16 latents each (the fewest tokens that give a tile batch
+    of 4 two parts per window)."""
     return torch.randn(1, 24, frames, height, width, generator=torch.Generator().manual_seed(seed))
 
 
@@ -122,7 +123,7 @@ def call_sizes(model, z) -> list[int]:
 def test_cpu_tile_batch_respects_available_memory(monkeypatch):
     """On the CPU the tiles of a window go in calls that fit in half the available host memory."""
     model = H3VideoDecoder.from_pretrained(TINY, device="cpu")
-    z = latents(frames=3)
+    z = latents(frames=3, height=17, width=30)  # 2 x 3 tiles of 16 x 16 latents
     per_tile = memory.tile_bytes(model.config, 4, 7 * 16 * 16 + 5, "cpu")
     monkeypatch.setattr(memory, "available_host", lambda: 2**40)
     assert call_sizes(model, z) == [6], "plenty of memory: the whole window in one call"
