@@ -16,6 +16,11 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# pytest-xdist's workers share the machine's cores: each takes its share of torch's threads, as one run on all
+# of them would (the tiny decoder's GEMMs gain little from a second thread, and oversubscribed cores lose much).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 from checkpoints import random_diffusers_vae, write_comfyui, write_diffusers, write_original  # noqa: E402
 
 

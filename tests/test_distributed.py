@@ -13,7 +13,7 @@ import torch
 from distributed_worker import API_LENGTHS, CLI_LENGTHS, SHAPES, latents, sweep_latents
 from repo import REPO, TINY
 from safetensors.torch import load_file, save_file
-from torchrun_runs import torchrun, write_cli_inputs
+from torchrun_runs import on_sweep, sweep_sizes, torchrun, write_cli_inputs
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.distributed import plan_tile_calls, split_balanced
@@ -53,6 +53,7 @@ def distributed_outputs(torchrun_sweep):
     return torchrun_sweep(2)
 
 
+@on_sweep(2)
 @pytest.mark.parametrize("tile_batch", [1, 2])
 def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_thread):
     """With the same tile batch, every rank returns exactly the single-process output."""
@@ -63,6 +64,7 @@ def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_th
         assert torch.equal(out, expected)
 
 
+@on_sweep(2)
 def test_blocks_offload_under_torchrun(distributed_outputs, one_thread):
     """Each rank streams its own weights, layer-major over its share of the tiles: still the single-process
     output, bit for bit."""
@@ -71,6 +73,7 @@ def test_blocks_offload_under_torchrun(distributed_outputs, one_thread):
         assert torch.equal(torch.load(distributed_outputs / f"rank{rank}_blocks_batch1.pt"), expected)
 
 
+@on_sweep(2)
 def test_automatic_batch_matches_single_process(distributed_outputs, one_thread):
     """Automatic batches: each rank decodes its share (2 and 1 tiles) in one call, the single process all 3
     in one call; no op depends on the tiles a call holds (docs/decoder.md §9), so the bits are the same."""
@@ -80,6 +83,7 @@ def test_automatic_batch_matches_single_process(distributed_outputs, one_thread)
     assert torch.equal(outs[0], expected)
 
 
+@on_sweep(2)
 def test_output_rank_limits_the_output(distributed_outputs):
     assert torch.load(distributed_outputs / "rank0_output_rank1.pt") is None
     assert torch.equal(
@@ -136,7 +140,7 @@ def single_process_files(tmp_path_factory):
     return {length: load_file(str(folder / f"single_{length}.safetensors"))["video"] for length in CLI_LENGTHS}
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("ranks", sweep_sizes(2, 3, 4))
 def test_cli_under_torchrun_every_clip_length(torchrun_sweep, single_process_files, ranks):
     """Bug: for most clip lengths (T = 7, 12, 72, ...) the output rank's stream yielded one chunk more than the
     other ranks' (the held tail), so the command's per-chunk agreement stopped pairing up and gloo reset the
@@ -165,7 +169,7 @@ def single_process_decodes():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("ranks", sweep_sizes(2, 3, 4))
 def test_windows_x_tiles_across_ranks_equal_one_process(torchrun_sweep, single_process_decodes, ranks):
     """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile, a row of tiles and
     a 2 x 2 grid, and tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""

@@ -172,6 +172,7 @@ def api_run(tmp_path_factory):
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)], folder
 
 
+@pytest.mark.xdist_group("faults_api")
 def test_ranks_given_different_options_fail_together(api_run):
     """Bug: ranks given different tile batches aborted rank 0 (SIGABRT inside gloo); different output ranks
     hung until the collective timeout. Now every rank raises the same ValueError, naming what differs, and
@@ -187,6 +188,7 @@ def test_ranks_given_different_options_fail_together(api_run):
             assert words in results[rank][name], results[rank][name]
 
 
+@pytest.mark.xdist_group("faults_api")
 def test_one_ranks_own_problem_fails_every_rank(api_run):
     results, _ = api_run
     assert results[1]["own_problem"].startswith("ValueError: tile_batch must be")
@@ -197,6 +199,7 @@ def test_one_ranks_own_problem_fails_every_rank(api_run):
     )
 
 
+@pytest.mark.xdist_group("faults_api")
 def test_torchrun_runs_each_rank_on_one_thread(api_run, one_thread):
     """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
     the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""

@@ -17,6 +17,7 @@ import pytest
 import torch
 from distributed_worker import latents as worker_latents
 from repo import TINY
+from torchrun_runs import sweep_sizes
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, memory
 from minimax_h3_vae.checkpoints import checkpoint_in_memory
@@ -105,7 +106,7 @@ def test_automatic_tile_batch_follows_memory_not_the_output(threads, monkeypatch
     assert all(torch.equal(out, outputs[0]) for out in outputs)
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("ranks", sweep_sizes(1, 2, 3, 4))
 def test_ranks_with_the_automatic_batch_equal_one_process(torchrun_sweep, ranks, threads):
     """torchrun (gloo) with the automatic tile batch: each rank decodes its own share of the tiles in calls of
     its own size, and every rank returns the single process's output bit for bit (2 threads per process)."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from distributed_worker import CLI_LENGTHS
 from repo import REPO, TINY
@@ -16,6 +17,16 @@ from safetensors.torch import save_file
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # The worker's jobs run by the sweep on each world size: what the tests of that size read.
 SWEEP_JOBS = {1: ("auto",), 2: ("decode", "auto", "api", "cli"), 3: ("auto", "api", "cli"), 4: ("auto", "api", "cli")}
+
+
+def on_sweep(ranks: int) -> pytest.MarkDecorator:
+    """The tests that read the sweep on `ranks` ranks run in one pytest-xdist worker, which launches it once."""
+    return pytest.mark.xdist_group(f"sweep{ranks}")
+
+
+def sweep_sizes(*sizes: int) -> list:
+    """`ranks` parameters for tests that read the sweep of that size (`on_sweep` marks each)."""
+    return [pytest.param(ranks, marks=on_sweep(ranks)) for ranks in sizes]
 
 
 def torchrun(*args, ranks=2, timeout=240) -> subprocess.CompletedProcess:
