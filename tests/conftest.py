@@ -121,3 +121,11 @@ def torchrun_sweep(tmp_path_factory):
         return folders[ranks]
 
     return folder
+
+
+@pytest.fixture(scope="session")
+def torchrun_command(tmp_path_factory):
+    """The command on 2 torchrun ranks, launched once (`torchrun_runs.command_run`)."""
+    from torchrun_runs import command_run
+
+    return command_run(tmp_path_factory.mktemp("command"))

@@ -7,6 +7,9 @@ distributed_worker.py cli CHECKPOINT ARGS...       runs the CLI, with a missing 
 distributed_worker.py cli_same CHECKPOINT ARGS...  runs the CLI, the same checkpoint on every rank
 
 JOBs (each rank saves what the tests compare with one process's decode):
+  disagree  decode() with options that differ between the ranks, a rank whose own decode fails, then a good
+          decode of small_latents(): what each call raised and the thread count -> DIR/disagree_rank{r}.json,
+          the good decode -> DIR/disagree_rank{r}.pt
   decode  decodes of latents() for several tile batches, output_rank=1, offload="blocks"  -> DIR/rank{r}_*.pt
   auto    latents() with the automatic tile batch, on 2 threads                           -> DIR/rank{r}_auto.pt
   api     decode() per clip length in API_LENGTHS and frame size in SHAPES, tile batches 1 and 3
@@ -15,6 +18,7 @@ JOBs (each rank saves what the tests compare with one process's decode):
           DIR/in_{T}.safetensors -> DIR/out_{T}.safetensors
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -42,6 +46,43 @@ def latents() -> torch.Tensor:
 def sweep_latents(length: int, h: int, w: int) -> torch.Tensor:
     """The `api` job's latents for clip length `length` and latent frame size (h, w)."""
     return torch.randn(1, 24, length, h, w, generator=torch.Generator().manual_seed(length * 1000 + h + w))
+
+
+def small_latents() -> torch.Tensor:
+    """One window of 3 tiles: the smallest decode that gives both ranks decoder calls."""
+    return torch.randn(1, 24, 2, 1, 29, generator=torch.Generator().manual_seed(7))
+
+
+def outcome(call) -> str:
+    try:
+        call()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return "ok"
+
+
+def disagree(checkpoint: str, folder: Path, rank: int) -> None:
+    model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
+    z = small_latents()
+    results = {
+        "tile_batch": outcome(lambda: model.decode(z, tile_batch=1 + rank)),
+        "output_rank": outcome(lambda: model.decode(z, output_rank=rank)),
+        "latents": outcome(lambda: model.decode(z[..., : 29 - rank], tile_batch=1)),
+        "own_problem": outcome(lambda: model.decode(z, tile_batch=0 if rank == 1 else 1)),
+    }
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    forward = model.forward
+    if rank == 1:
+        model.forward = failing
+    results["own_failure"] = outcome(lambda: model.decode(z, tile_batch=1))
+    model.forward = forward
+    out = model.decode(z, tile_batch=1)  # the process group still works
+    results["threads"] = torch.get_num_threads()
+    (folder / f"disagree_rank{rank}.json").write_text(json.dumps(results))
+    torch.save(out, folder / f"disagree_rank{rank}.pt")
 
 
 def decode(checkpoint: str, out_dir: Path, rank: int) -> None:
@@ -84,7 +125,7 @@ def cli_sweep(checkpoint: str, folder: Path, rank: int) -> None:
         cli.run(args, rank, dist.get_world_size(), None)
 
 
-JOBS = {"decode": decode, "auto": auto, "api": api, "cli": cli_sweep}
+JOBS = {"disagree": disagree, "decode": decode, "auto": auto, "api": api, "cli": cli_sweep}
 
 
 def sweep(checkpoint: str, folder: Path, jobs: list[str]) -> None:

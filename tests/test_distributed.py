@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 from distributed_worker import API_LENGTHS, CLI_LENGTHS, SHAPES, latents, sweep_latents
-from repo import REPO, TINY
+from repo import TINY
 from safetensors.torch import load_file, save_file
 from torchrun_runs import on_sweep, sweep_sizes, torchrun, write_cli_inputs
 
@@ -91,25 +89,13 @@ def test_output_rank_limits_the_output(distributed_outputs):
     )
 
 
-def test_cli_under_torchrun_writes_one_file_equal_to_single_process(tmp_path):
-    save_file({"latents": latents()[0]}, str(tmp_path / "in.safetensors"))
-    single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
-    spread.parent.mkdir()
-    args = [tmp_path / "in.safetensors", "--device", "cpu", "--tile-batch", "1"]
-    subprocess.run(
-        [sys.executable, REPO / "tools" / "decode_latents.py", args[0], single, "--model", TINY, *args[1:]],
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-    )
-    shared = tmp_path / "model"
-    shutil.copytree(TINY, shared)
-    shutil.copytree(TINY, str(shared) + ".missing")  # rank 1 loads this copy: both ranks succeed
-    result = torchrun("cli", shared, args[0], spread, *args[1:])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in spread.parent.iterdir()) == ["out.safetensors"], "one file, from rank 0"
-    assert torch.equal(load_file(str(spread))["video"], load_file(str(single))["video"])
-    assert "x 2 ranks" in result.stderr
+@pytest.mark.xdist_group("torchrun_command")
+def test_cli_under_torchrun_writes_one_file_equal_to_single_process(torchrun_command):
+    run = torchrun_command
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    assert sorted(p.name for p in run.spread.parent.iterdir()) == ["out.safetensors"], "one file, from rank 0"
+    assert torch.equal(load_file(str(run.spread))["video"], load_file(str(run.single))["video"])
+    assert "x 2 ranks" in run.result.stderr
 
 
 @pytest.fixture(scope="module")

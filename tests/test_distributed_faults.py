@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from command_runs import refused, run_cli, small_latents, tree
+from distributed_worker import small_latents as small_decode_latents
 from repo import TINY
 from safetensors.torch import save_file
+from torchrun_runs import on_sweep
 
 import minimax_h3_vae
 from minimax_h3_vae import H3VideoDecoder
@@ -165,19 +167,18 @@ def test_launcher_variables_are_read_as_strictly_as_flags(monkeypatch, capsys, t
 
 
 @pytest.fixture(scope="module")
-def api_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("api")
-    result = torchrun("api", TINY, folder, timeout=90)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)], folder
+def disagree_run(torchrun_sweep):
+    """What each rank of the 2-rank sweep's `disagree` job saw (distributed_worker.py), and the sweep's folder."""
+    folder = torchrun_sweep(2)
+    return [json.loads((folder / f"disagree_rank{rank}.json").read_text()) for rank in (0, 1)], folder
 
 
-@pytest.mark.xdist_group("faults_api")
-def test_ranks_given_different_options_fail_together(api_run):
+@on_sweep(2)
+def test_ranks_given_different_options_fail_together(disagree_run):
     """Bug: ranks given different tile batches aborted rank 0 (SIGABRT inside gloo); different output ranks
     hung until the collective timeout. Now every rank raises the same ValueError, naming what differs, and
     the process group stays usable."""
-    results, _ = api_run
+    results, _ = disagree_run
     for name, words in (
         ("tile_batch", "tile_batch 1 (rank 0), 2 (rank 1)"),
         ("output_rank", "output_rank 0 (rank 0), 1 (rank 1)"),
@@ -188,9 +189,9 @@ def test_ranks_given_different_options_fail_together(api_run):
             assert words in results[rank][name], results[rank][name]
 
 
-@pytest.mark.xdist_group("faults_api")
-def test_one_ranks_own_problem_fails_every_rank(api_run):
-    results, _ = api_run
+@on_sweep(2)
+def test_one_ranks_own_problem_fails_every_rank(disagree_run):
+    results, _ = disagree_run
     assert results[1]["own_problem"].startswith("ValueError: tile_batch must be")
     assert results[0]["own_problem"] == "ValueError: rank 1: " + results[1]["own_problem"].removeprefix("ValueError: ")
     assert results[1]["own_failure"] == "RuntimeError: injected failure"
@@ -199,18 +200,15 @@ def test_one_ranks_own_problem_fails_every_rank(api_run):
     )
 
 
-@pytest.mark.xdist_group("faults_api")
-def test_torchrun_runs_each_rank_on_one_thread(api_run, one_thread):
+@on_sweep(2)
+def test_torchrun_runs_each_rank_on_one_thread(disagree_run, one_thread):
     """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
     the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""
-    results, folder = api_run
+    results, folder = disagree_run
     assert results[0]["threads"] == results[1]["threads"] == 1
-    sys.path.insert(0, str(WORKER.parent))
-    from distributed_faults_worker import latents
-
-    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(latents(), tile_batch=1)
+    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(small_decode_latents(), tile_batch=1)
     for rank in (0, 1):
-        assert torch.equal(torch.load(folder / f"rank{rank}.pt"), expected)
+        assert torch.equal(torch.load(folder / f"disagree_rank{rank}.pt"), expected)
 
 
 def test_the_docs_say_what_torchrun_does_to_threads():

@@ -19,7 +19,6 @@ from command_runs import OLD, fill, one_error_line, tmpfs, tree
 from repo import EXAMPLE_LATENTS, REPO, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from torchrun_runs import torchrun
 
 from minimax_h3_vae import H3AudioDecoder, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
@@ -490,19 +489,13 @@ def test_the_sound_decodes_before_the_video(tmp_path, capsys, monkeypatch):
     assert "sound: audio latents (2, 32, 15) -> 2 x 12000 samples at 32000 Hz (0.375 s)" in err
 
 
-def test_under_torchrun_rank_0_alone_decodes_the_sound(tmp_path, one_thread):
+@pytest.mark.xdist_group("torchrun_command")
+def test_under_torchrun_rank_0_alone_decodes_the_sound(torchrun_command):
     """Two CPU ranks (gloo): rank 1's checkpoint has no audio VAE, which it never looks for; rank 0 decodes the
     sound and writes one file equal to a single process's (on one thread, as each rank runs)."""
-    source = clip(tmp_path)
-    single, spread = tmp_path / "single.safetensors", tmp_path / "spread" / "out.safetensors"
-    spread.parent.mkdir()
-    assert cli.main([str(source), str(single), "--model", str(TINY), "--device", "cpu", "--tile-batch", "1"]) == 0
-    shared = tmp_path / "model"
-    shutil.copytree(TINY, shared)
-    shutil.copytree(TINY / "video_vae", Path(f"{shared}.missing") / "video_vae")  # rank 1's: video alone
-    result = torchrun("cli", shared, source, spread, "--device", "cpu", "--tile-batch", "1", timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.count("sound: audio latents (2, 32, 15)") == 1
-    assert sorted(p.name for p in spread.parent.iterdir()) == ["out.safetensors"]
-    got, want = load_file(str(spread)), load_file(str(single))
+    run = torchrun_command
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    assert run.result.stderr.count("sound: audio latents (2, 32, 43)") == 1
+    assert sorted(p.name for p in run.spread.parent.iterdir()) == ["out.safetensors"]
+    got, want = load_file(str(run.spread)), load_file(str(run.single))
     assert torch.equal(got["audio"], want["audio"]) and torch.equal(got["video"], want["video"])

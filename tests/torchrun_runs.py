@@ -1,22 +1,33 @@
-"""torchrun launches of tests/distributed_worker.py: gloo ranks on the CPU, one thread each; and the one sweep
-launch per world size that the bitwise tests share (each torchrun start-up costs seconds on two cores)."""
+"""torchrun launches of tests/distributed_worker.py: gloo ranks on the CPU, one thread each (torchrun's own
+choice); and the one sweep launch per world size that the tests of that size share (each torchrun start-up
+costs seconds on two cores)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from distributed_worker import CLI_LENGTHS
+from distributed_worker import CLI_LENGTHS, latents
 from repo import REPO, TINY
 from safetensors.torch import save_file
 
+from minimax_h3_vae import save_latents
+from minimax_h3_vae.command import main as cli
+
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # The worker's jobs run by the sweep on each world size: what the tests of that size read.
-SWEEP_JOBS = {1: ("auto",), 2: ("decode", "auto", "api", "cli"), 3: ("auto", "api", "cli"), 4: ("auto", "api", "cli")}
+SWEEP_JOBS = {
+    1: ("auto",),
+    2: ("disagree", "decode", "auto", "api", "cli"),
+    3: ("auto", "api", "cli"),
+    4: ("auto", "api", "cli"),
+}
 
 
 def on_sweep(ranks: int) -> pytest.MarkDecorator:
@@ -40,7 +51,8 @@ def torchrun(*args, ranks=2, timeout=240) -> subprocess.CompletedProcess:
         str(WORKER),
         *map(str, args),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)  # torchrun's own choice (1 thread per rank) is part of what is tested
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
@@ -56,3 +68,37 @@ def sweep(folder: Path, ranks: int) -> None:
     write_cli_inputs(folder)
     result = torchrun("sweep", TINY, folder, *SWEEP_JOBS[ranks], ranks=ranks, timeout=480)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    """The command on 2 torchrun ranks (`result`, writing `spread`) and in one process on one thread, as each
+    rank runs (`single`), from the same latents file with sound."""
+
+    result: subprocess.CompletedProcess
+    single: Path
+    spread: Path
+
+
+def command_run(folder: Path) -> CommandRun:
+    """The command under torchrun, once for every test of what it writes: latents() (3 tiles, 2 chunks) with
+    their 43 audio latents (26 frames at 24 fps); rank 1's checkpoint holds the video VAE alone (it never looks for the audio one)."""
+    source = save_latents(
+        folder / "in.safetensors",
+        latents()[0],
+        fps=24,
+        audio_latents=torch.randn(2, 32, 43, generator=torch.Generator().manual_seed(1)),
+    )
+    single, spread = folder / "single.safetensors", folder / "spread" / "out.safetensors"
+    spread.parent.mkdir()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli.main([str(source), str(single), "--model", str(TINY), "--device", "cpu", "--tile-batch", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    shared = folder / "model"
+    shutil.copytree(TINY, shared)
+    shutil.copytree(TINY / "video_vae", Path(f"{shared}.missing") / "video_vae")  # rank 1's: video alone
+    result = torchrun("cli", shared, source, spread, "--device", "cpu", "--tile-batch", "1")
+    return CommandRun(result, single, spread)
