@@ -14,7 +14,7 @@ from command_runs import run_cli, small_latents
 
 pytest.importorskip("triton")
 
-from minimax_h3_vae import H3VideoDecoder, fused  # noqa: E402
+from minimax_h3_vae import H3VideoDecoder, Tiling, fused  # noqa: E402
 from minimax_h3_vae.blocks import EAGER_OPS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -22,13 +22,19 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(scope="module")
 def latents():
-    return torch.randn(1, 24, 8, 17, 1, generator=torch.Generator().manual_seed(3))
+    return torch.randn(1, 24, 8, 9, 1, generator=torch.Generator().manual_seed(3))
 
 
 def decode(layouts, latents, dtype, is_fused):
     # The Triton kernels' path: cuBLAS for every GEMM (quack's, where installed, is tested in test_quack_gemm.py).
     decoder = H3VideoDecoder.from_pretrained(
-        layouts["original"], device=DEVICE, dtype=dtype, fused=is_fused, gemm="cublas", attention="sdpa"
+        layouts["original"],
+        device=DEVICE,
+        dtype=dtype,
+        fused=is_fused,
+        gemm="cublas",
+        attention="sdpa",
+        tiling=Tiling(128, 32),
     )
     assert decoder.runtime.fused is is_fused
     before = decoder.launch_counts()
