@@ -15,7 +15,8 @@ CONFIG = H3DecoderConfig(num_layers=1, num_heads=2)
 
 
 def latents() -> torch.Tensor:
-    return torch.randn(1, 24, 2, 17, 1, generator=torch.Generator().manual_seed(0))
+    """One latent: the fewest rows that still launch the kernels (in Triton's interpreter on the CPU)."""
+    return torch.randn(1, 24, 1, 1, 1, generator=torch.Generator().manual_seed(0))
 
 
 def test_options_are_plain_data():
