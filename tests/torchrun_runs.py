@@ -82,7 +82,8 @@ class CommandRun:
 
 def command_run(folder: Path) -> CommandRun:
     """The command under torchrun, once for every test of what it writes: latents() (3 tiles, 2 chunks) with
-    their 43 audio latents (26 frames at 24 fps); rank 1's checkpoint holds the video VAE alone (it never looks for the audio one)."""
+    their 43 audio latents (26 frames at 24 fps); rank 1's checkpoint holds the video VAE alone (it never looks
+    for the audio one)."""
     source = save_latents(
         folder / "in.safetensors",
         latents()[0],
