@@ -72,6 +72,11 @@ class BlockStreamer:
         self.copy_stream = self.streams.stream()
         self.landed = [self.streams.event() for _ in range(2)]  # slot's copy finished
         self.released = [self.streams.event() for _ in range(2)]  # slot's last reader finished
+        # The slots may hold memory that work still queued on the compute stream uses (the allocator reuses a
+        # block freed there at once): the side stream's first copies wait for that work.
+        allocated = self.streams.event()
+        allocated.record(self.streams.current())
+        self.copy_stream.wait_event(allocated)
         self.slot_bytes = sum(t.numel() * t.element_size() for t in host)
 
     def prefetch(self, i: int) -> None:

@@ -225,6 +225,9 @@ class DeviceReader:
                 read_exact(fd, out.view(-1).view(torch.uint8), start, self.pool)
             return out
         out = torch.empty(entry.shape, dtype=dtype, device=self.device)
+        # The caching allocator may hand `out` memory that work still queued on the current stream uses (a
+        # temporary freed there): the copies on the side stream wait for that work, or it would overwrite them.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         flat = out.view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
         for offset in range(0, end - begin, _PIECE):
             size = min(_PIECE, end - begin - offset)

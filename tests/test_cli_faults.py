@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import resource
 import shutil
@@ -556,6 +557,21 @@ def test_ulimit_t_leaves_no_litter(tmp_path):
     latents = latents_file(tmp_path / "z.safetensors", z)
     log = tmp_path / "stderr.txt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "OMP_NUM_THREADS": "1"}
+    # The limit leaves 4 CPU s after the imports, whose cost varies by machine (a CUDA build of torch takes
+    # several seconds to import): measured in a process of the same interpreter.
+    imports = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import resource, minimax_h3_vae.command.main; r = resource.getrusage(resource.RUSAGE_SELF); "
+            "print(r.ru_utime + r.ru_stime)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    limit = math.ceil(float(imports.stdout)) + 4
     with open(log, "w") as stderr:
         result = subprocess.run(
             [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
@@ -563,7 +579,7 @@ def test_ulimit_t_leaves_no_litter(tmp_path):
             stdout=subprocess.DEVNULL,
             env=env,
             timeout=120,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (4, 4)),  # as `ulimit -t 4` sets it
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (limit, limit)),  # as `ulimit -t` sets it
         )
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert result.returncode == 128 + signal.SIGXCPU, lines[-3:]

@@ -218,8 +218,8 @@ class RecordingStreams:
         return self.Stream("copy", self.log)
 
     def event(self):
-        # BlockStreamer makes the two `landed` events, then the two `released` ones.
-        name = ("landed", "released")[self.events // 2] + str(self.events % 2)
+        # BlockStreamer makes the two `landed` events, the two `released` ones, then `allocated`.
+        name = ("landed0", "landed1", "released0", "released1", "allocated")[self.events]
         self.events += 1
         return self.Event(name, self.log)
 
@@ -251,6 +251,8 @@ def test_streamer_slot_order():
             assert all(torch.equal(a, b) for a, b in zip(inside, host)), "the slot holds block i's weights"
         assert [linear.weight for linear in streamed_linears(blocks[i])] == host, "host weights back after"
     assert streams.log == [
+        ("record", "allocated", "compute"),  # the slots' memory is free of queued compute work ...
+        ("wait", "copy", "allocated"),  # ... before the first copy into them
         ("wait", "copy", "released0"),  # prefetch(0)
         ("record", "landed0", "copy"),
         ("wait", "copy", "released1"),  # prefetch(1)
