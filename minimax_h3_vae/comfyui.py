@@ -43,7 +43,7 @@ CATEGORY = "latent/minimax_h3"
 # The loader's file list entry meaning "use the path field instead".
 PATH_CHOICE = "(path below)"
 FUSED_CHOICES = {"auto": None, "on": True, "off": False}
-# The run options every node offers, as ComfyUI widgets; `_node_options` turns their values into options.
+# The run options every node offers, as ComfyUI widgets; `node_options` turns their values into options.
 RUN_INPUTS = {
     "fused": (list(FUSED_CHOICES), {"default": "auto", "tooltip": "Triton kernels; auto: on CUDA"}),
     "tile_batch": (
@@ -89,6 +89,17 @@ class NodeDecoder:
 _cache: dict[tuple, H3VideoDecoder] = {}
 
 
+def loaded_decoders() -> int:
+    """How many decoders the loader node holds: 0, or 1 after a load."""
+    return len(_cache)
+
+
+def release_decoders() -> None:
+    """Forget the loader node's decoder; its memory is freed once nothing else refers to it (a later load reads
+    the checkpoint again)."""
+    _cache.clear()
+
+
 def _optional(module: str):
     """A ComfyUI module when running inside ComfyUI, else None."""
     try:
@@ -124,7 +135,7 @@ class H3DecoderLoader:
     def load(
         self, vae_name: str, path: str, fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto"
     ) -> tuple[NodeDecoder]:
-        options = _node_options(fused, tile_batch, gemm, attention, _device())
+        options = node_options(fused, tile_batch, gemm, attention, _device())
         source = _source(vae_name, path)
         shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
         checkpoint = load_checkpoint(source)  # its headers only: which files it is read from
@@ -158,7 +169,7 @@ class H3Decode:
         if not isinstance(decoder, NodeDecoder):
             raise ValueError(f"decoder must be the output of {NODE_DISPLAY_NAME_MAPPINGS['MiniMaxH3DecoderLoader']}")
         z = latent_samples(samples, decoder.decoder.config.latent_channels)
-        _free_memory(decoder.decoder, z, decoder.tile_batch)
+        make_room(decoder.decoder, z, decoder.tile_batch)
         return (decode_to_images(decoder.decoder, z, decoder.tile_batch),)
 
 
@@ -196,7 +207,7 @@ class H3DecodeWithVAE:
         """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` for this decode
         (`decoder_for_vae`), after ComfyUI has loaded the VAE where it computes."""
         config = _structure(_h3_state(vae))
-        options = _node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
+        options = node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
         z = latent_samples(samples, config.latent_channels)
         _load_vae(vae, config, z, options)
         model = decoder_for_vae(vae, options.replace(tile_batch=None))
@@ -231,7 +242,7 @@ class H3UseForVAE:
         own H3 VAE does). The VAE given is not changed."""
         # Checks now that it is H3's video VAE, of a known structure (its statistics are read at each decode).
         config = _structure(_h3_state(vae))
-        options = _node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
+        options = node_options(fused, tile_batch, gemm, attention, _vae_device(vae))
         stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
         own_decode = getattr(vae.first_stage_model, "decode", None)
 
@@ -256,7 +267,7 @@ class H3UseForVAE:
         return (patched,)
 
 
-def _node_options(
+def node_options(
     fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto", device: torch.device | None = None
 ) -> DecodeOptions:
     """The run options of a node's widgets (RUN_INPUTS), checked, on `device`."""
@@ -387,7 +398,7 @@ def _working_set(plan: memory.MemoryPlan) -> int:
     return plan.device - plan.weights - plan.streamed_slots
 
 
-def _free_memory(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> None:
+def make_room(model: H3VideoDecoder, z: torch.Tensor, tile_batch: int | None) -> None:
     """Inside ComfyUI on CUDA, for the loader's own decoder: ask ComfyUI's model management to make room for
     this decode's memory plan."""
     management = _optional("comfy.model_management")

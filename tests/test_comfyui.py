@@ -25,12 +25,12 @@ from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPIN
 @pytest.fixture
 def loaded(layouts):
     """The loader node's output for the ComfyUI-layout file, given by path, eager, 3 tiles per call."""
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     (node_decoder,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(
         PATH_CHOICE, str(layouts["comfyui"]), "off", 3
     )
     yield node_decoder
-    comfyui._cache.clear()
+    comfyui.release_decoders()
 
 
 def test_node_contract():
@@ -77,7 +77,7 @@ def test_loader_caches(layouts, loaded):
     (again,) = loader.load(PATH_CHOICE, str(layouts["comfyui"]), "off", 0)
     assert again.decoder is loaded.decoder and again.tile_batch is None
     (other,) = loader.load(PATH_CHOICE, str(layouts["original"]), "off", 0)
-    assert other.decoder is not loaded.decoder and len(comfyui._cache) == 1
+    assert other.decoder is not loaded.decoder and comfyui.loaded_decoders() == 1
 
 
 def test_loader_reads_models_vae(monkeypatch, layouts):
@@ -93,7 +93,7 @@ def test_loader_reads_models_vae(monkeypatch, layouts):
     assert node_decoder.decoder.config.num_layers == 2
     with pytest.raises(ValueError, match="models/vae"):
         loader().load("missing.safetensors", "", "off", 0)
-    comfyui._cache.clear()
+    comfyui.release_decoders()
 
 
 def test_loader_needs_a_path():
@@ -206,11 +206,11 @@ def test_every_node_runs_under_inference_mode(host, path):
     state, _ = comfy_stand_in.tiny_state()
     z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(9))
     if path == "loader":
-        comfyui._cache.clear()
+        comfyui.release_decoders()
         with torch.inference_mode():
             (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 2)
             (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z})
-        comfyui._cache.clear()
+        comfyui.release_decoders()
     else:
         vae = comfy_stand_in.tiny_vae()
         assert vae.first_stage_model.decoder.proj_out.weight.is_inference()
@@ -392,7 +392,7 @@ def refusal(call) -> str:
 def node_calls(host):
     """node name -> a function that runs that node on a LATENT with the given widget values, as ComfyUI does
     (under inference mode), each VAE node on a fresh stand-in VAE."""
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     (loaded,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 0)
 
     def with_vae(samples, fused="off", tile_batch=0):
@@ -413,7 +413,7 @@ def node_calls(host):
 
     yield {"with_vae": with_vae, "patched": patched, "loader": loader}
     del loaded
-    comfyui._cache.clear()
+    comfyui.release_decoders()
 
 
 @pytest.mark.parametrize("path", [*VAE_PATHS, "loader"])
@@ -440,11 +440,11 @@ def test_nodes_refuse_frames_with_nan(node_calls, monkeypatch, path):
 
     monkeypatch.setattr(comfy_stand_in.VAE, "__init__", poisoned)
     if path == "loader":  # the loader's decoder reads the file: poison its weights in place
-        comfyui._cache.clear()
+        comfyui.release_decoders()
         (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(TINY), "off", 0)
         node.decoder.decoder.proj_out.bias.fill_(float("inf"))
         message = refusal(lambda: NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]().decode(node, {"samples": z}))
-        comfyui._cache.clear()
+        comfyui.release_decoders()
     else:
         message = refusal(lambda: node_calls[path]({"samples": z}))
     assert "NaN or Inf" in message
@@ -559,7 +559,7 @@ def test_comfyui_is_asked_to_free_what_the_decode_needs(monkeypatch):
         config=H3DecoderConfig(), device=cuda, compute_dtype=torch.float16, runtime=Runtime(offload="none")
     )
     model.memory_plan = lambda shape, **options: H3VideoDecoder.memory_plan(model, shape, **options)
-    comfyui._free_memory(model, torch.zeros(1, 24, 7, 48, 84), tile_batch=1)
+    comfyui.make_room(model, torch.zeros(1, 24, 7, 48, 84), tile_batch=1)
     window, per_tile, frames_out = 1_315_012_608, 448_991_232, 619_315_200  # tests/test_memory.py, by hand
     assert calls == [(24 * 7 * 48 * 84 * 4 + window + per_tile + frames_out, cuda)]
 
@@ -571,7 +571,7 @@ def test_comfyui_is_asked_to_free_what_the_decode_needs(monkeypatch):
 def test_loader_cache_sees_a_rewritten_file(tmp_path):
     model = tiny_copy(tmp_path)
     loader = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]()
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     (first,) = loader.load(PATH_CHOICE, str(model), "off", 0)
     weights = model / "video_vae" / "source" / "model.safetensors"
     tensors = load_file(str(weights))
@@ -579,6 +579,6 @@ def test_loader_cache_sees_a_rewritten_file(tmp_path):
     save_file(tensors, str(weights) + ".new")
     os.replace(str(weights) + ".new", weights)  # same name, same size, another file
     (second,) = loader.load(PATH_CHOICE, str(model), "off", 0)
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     assert second.decoder is not first.decoder
     assert torch.equal(second.decoder.decoder.proj_out.bias, first.decoder.decoder.proj_out.bias + 1)

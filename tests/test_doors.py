@@ -88,9 +88,9 @@ def test_same_options_same_settings_at_every_door(layouts, tmp_path):
 
 def test_the_nodes_resolve_like_the_other_doors(layouts, tmp_path):
     """The loader node offers fused and tile_batch (device and dtype are ComfyUI's: here the CPU's defaults)."""
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     (node,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]().load(PATH_CHOICE, str(layouts["comfyui"]), "off", 3)
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     nodes = settings(node.decoder, node.runtime)
     assert nodes == settings(H3VideoDecoder.from_pretrained(layouts["original"], fused=False, tile_batch=3))
     flags = ["--model", str(layouts["original"]), "--eager", "--tile-batch", "3"]
@@ -164,7 +164,7 @@ def test_swapped_vae_decodes_in_two_threads(one_thread):
 
 def test_comfyui_nodes_share_a_decoder_without_changing_it(layouts, one_thread):
     """Bug: the decode node wrote its tile_batch onto the shared cached decoder at every call."""
-    comfyui._cache.clear()
+    comfyui.release_decoders()
     loader, decode = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"](), NODE_CLASS_MAPPINGS["MiniMaxH3Decode"]()
     (one,) = loader.load(PATH_CHOICE, str(layouts["comfyui"]), "off", 1)
     (three,) = loader.load(PATH_CHOICE, str(layouts["comfyui"]), "off", 3)
@@ -181,4 +181,4 @@ def test_comfyui_nodes_share_a_decoder_without_changing_it(layouts, one_thread):
     for frames, tile_batch in ((a, 1), (b, 3)):
         expected = to_unit_rgb(model.decode(denormalize_latents(z["samples"], model.config), tile_batch=tile_batch))
         assert torch.equal(frames, expected.cpu().permute(0, 2, 3, 4, 1).flatten(0, 1)), tile_batch
-    comfyui._cache.clear()
+    comfyui.release_decoders()

@@ -65,10 +65,10 @@ def test_installed_needs_flash_attn_4_and_quack(monkeypatch):
 def test_nodes_and_swap_take_the_option_through_decode_options():
     """The ComfyUI widget's value and the swap's keyword reach the same check: fa4 on the eager path (the node)
     or on the CPU (the swap: the VAE's device) is refused with the same words, and sdpa is taken."""
-    assert comfyui._node_options("auto", 0, "auto", "sdpa").attention == "sdpa"
+    assert comfyui.node_options("auto", 0, "auto", "sdpa").attention == "sdpa"
     refused = r"attention 'fa4' (needs a Hopper GPU|runs on the fused path, not the eager one)"
     with pytest.raises(ValueError, match=refused):  # the options are plain data: resolve's machine check
-        check_machine(comfyui._node_options("off", 0, "auto", "fa4"))
+        check_machine(comfyui.node_options("off", 0, "auto", "fa4"))
     with pytest.raises(ValueError, match="attention 'fa4' needs a Hopper GPU"):
         swap_decoder(random_diffusers_vae(seed=0), attention="fa4")
     vae = swap_decoder(random_diffusers_vae(seed=0), attention="sdpa")

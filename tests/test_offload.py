@@ -10,7 +10,7 @@ import pytest
 import torch
 from repo import TINY
 
-from minimax_h3_vae import DecodeOptions, H3DecoderConfig, H3VideoDecoder, Tiling, decoding, memory
+from minimax_h3_vae import DecodeOptions, H3DecoderConfig, H3VideoDecoder, Tiling, memory
 from minimax_h3_vae.runtime import GIB
 
 DEVICES = [
@@ -133,19 +133,14 @@ def test_cpu_tile_batch_respects_available_memory(monkeypatch):
     assert call_sizes(model, z) == [1] * 6, "never less than one tile"
 
 
-def test_blocks_auto_tile_batch_is_small(monkeypatch):
+def test_blocks_auto_tile_batch_is_small():
+    """The layer-major decode's automatic parts: 4 tiles (STREAMED_TILE_BATCH), then the window's other 2."""
     model = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="blocks")
     sizes = []
-    layer_major = decoding._layer_major
-    monkeypatch.setattr(
-        decoding,
-        "_layer_major",
-        lambda model, ops, parts, outs, advance: (
-            sizes.append([p.shape[0] for p in parts]) or layer_major(model, ops, parts, outs, advance)
-        ),
-    )
+    post_quant = model.post_quant
+    model.post_quant = lambda z: sizes.append(z.shape[0]) or post_quant(z)  # once per part
     model.decode(latents(frames=3))
-    assert sizes == [[4, 2]]
+    assert sizes == [4, 2]
 
 
 def test_host_memory_reading():

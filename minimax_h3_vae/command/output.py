@@ -204,7 +204,7 @@ def check_encoder(
         what = f"{sound.sample_rate} Hz sound of {sound.channels} channels"
     else:
         files = (_sound_file(silence, output.parent),) if silence is not None else ()
-        command = [*_encoder_command(width, height, fps, crf, preset, silence, files), "-frames:v", "1"]
+        command = [*encoder_command(width, height, fps, crf, preset, silence, files), "-frames:v", "1"]
         data = bytes(width * height * 3 if crf == 0 else yuv420p_bytes(height, width))
         what = f"{width}x{height} frames" + (f" and {sound.sample_rate} Hz sound" if sound is not None else "")
     try:
@@ -225,7 +225,7 @@ def check_encoder(
         raise ValueError(f"{shown(output)}: ffmpeg cannot encode {what} with these settings ({reasons})")
 
 
-def _encoder_command(
+def encoder_command(
     width: int,
     height: int,
     fps: float,
@@ -508,7 +508,7 @@ class Mp4Sink(Sink):
             what = "ffmpeg's messages" if self.log is None else "the sound ffmpeg reads"
             raise WriteError(f"{shown(output.parent)}: cannot create a file for {what} ({error.strerror})") from None
         files = (self.sound_file,) if self.sound_file is not None else ()
-        command = [*_encoder_command(width, height, fps, crf, preset, sound, files), "-movflags", "+faststart"]
+        command = [*encoder_command(width, height, fps, crf, preset, sound, files), "-movflags", "+faststart"]
         try:
             self.process = subprocess.Popen(
                 [*command, str(self.temp)],
