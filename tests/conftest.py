@@ -129,3 +129,16 @@ def torchrun_command(tmp_path_factory):
     from torchrun_runs import command_run
 
     return command_run(tmp_path_factory.mktemp("command"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ffmpeg_looked_up_first():
+    """imageio-ffmpeg caches its binary lookup for the process, a failed one too: it is looked up before any
+    test patches subprocess, so the test that happens to ask first in a worker (an order pytest-xdist varies)
+    cannot leave that worker's later mp4 tests without ffmpeg."""
+    from minimax_h3_vae.command import output
+
+    try:
+        output.ffmpeg_exe()
+    except ValueError:  # no imageio-ffmpeg here: the tests that need it say so themselves
+        pass
