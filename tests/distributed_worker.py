@@ -8,7 +8,7 @@ distributed_worker.py cli_same CHECKPOINT ARGS...  runs the CLI, the same checkp
 
 JOBs (each rank saves what the tests compare with one process's decode):
   disagree  decode() with options that differ between the ranks, a rank whose own decode fails, then a good
-          decode of small_latents(): what each call raised and the thread count -> DIR/disagree_rank{r}.json,
+          decode of disagree_latents(): what each call raised and the thread count -> DIR/disagree_rank{r}.json,
           the good decode -> DIR/disagree_rank{r}.pt
   decode  decodes of latents() for several tile batches, output_rank=1, offload="blocks"  -> DIR/rank{r}_*.pt
   auto    latents() with the automatic tile batch, on 2 threads                           -> DIR/rank{r}_auto.pt
@@ -48,7 +48,7 @@ def sweep_latents(length: int, h: int, w: int) -> torch.Tensor:
     return torch.randn(1, 24, length, h, w, generator=torch.Generator().manual_seed(length * 1000 + h + w))
 
 
-def small_latents() -> torch.Tensor:
+def disagree_latents() -> torch.Tensor:
     """One window of 3 tiles: the smallest decode that gives both ranks decoder calls."""
     return torch.randn(1, 24, 2, 1, 29, generator=torch.Generator().manual_seed(7))
 
@@ -63,7 +63,7 @@ def outcome(call) -> str:
 
 def disagree(checkpoint: str, folder: Path, rank: int) -> None:
     model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
-    z = small_latents()
+    z = disagree_latents()
     results = {
         "tile_batch": outcome(lambda: model.decode(z, tile_batch=1 + rank)),
         "output_rank": outcome(lambda: model.decode(z, output_rank=rank)),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from command_runs import refused, run_cli, small_latents, tree
-from distributed_worker import small_latents as small_decode_latents
+from distributed_worker import disagree_latents
 from repo import TINY
 from safetensors.torch import save_file
 from torchrun_runs import on_sweep
@@ -206,7 +206,7 @@ def test_torchrun_runs_each_rank_on_one_thread(disagree_run, one_thread):
     the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""
     results, folder = disagree_run
     assert results[0]["threads"] == results[1]["threads"] == 1
-    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(small_decode_latents(), tile_batch=1)
+    expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(disagree_latents(), tile_batch=1)
     for rank in (0, 1):
         assert torch.equal(torch.load(folder / f"disagree_rank{rank}.pt"), expected)
 
