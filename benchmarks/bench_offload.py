@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_decoder  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 
-from minimax_h3_vae import H3VideoDecoder, decoding, to_uint8_frames  # noqa: E402
+from minimax_h3_vae import H3VideoDecoder, to_uint8_frames  # noqa: E402
 
 GIB = 2**30
 
@@ -46,11 +46,8 @@ def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
     allocated (everything this process holds on the GPU: the model alone), the tiles per decoder call, a
     hash of the float output."""
     sizes = set()
-    layer_major, call = decoding._layer_major, model.forward
-    decoding._layer_major = lambda model, ops, parts, outs, advance: (
-        sizes.update(p.shape[0] for p in parts) or layer_major(model, ops, parts, outs, advance)
-    )
-    model.forward = lambda tiles, ops, out=None: sizes.add(tiles.shape[0]) or call(tiles, ops, out)
+    post_quant = model.post_quant  # once per decoder call, and once per part of a layer-major decode
+    model.post_quant = lambda z: sizes.add(z.shape[0]) or post_quant(z)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     digest = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -61,8 +58,7 @@ def stream(model: H3VideoDecoder, z: torch.Tensor) -> dict:
             digest = digest * 1000003 + bit_hash(chunk)
             frames += to_uint8_frames(chunk).cpu().shape[0]
         seconds = time.perf_counter() - start
-    decoding._layer_major = layer_major
-    del model.forward
+    del model.post_quant
     return {
         "seconds": round(seconds, 3),
         "frames": frames,

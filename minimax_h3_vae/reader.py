@@ -51,7 +51,8 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
 # The safetensors library refuses headers above 100 MB; so do we, before reading one.
 MAX_HEADER_BYTES = 100_000_000
 
-_PIECE = 64 * 2**20  # bytes per staging buffer
+# Bytes per pinned staging buffer of `DeviceReader` (two of them): reads onto a GPU go through in pieces this big.
+PIECE_BYTES = 64 * 2**20
 _THREADS = 4  # concurrent reads per piece: one thread copies from the page cache at a few GB/s
 
 
@@ -202,7 +203,7 @@ class DeviceReader:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.staging = [torch.empty(_PIECE, dtype=torch.uint8).pin_memory() for _ in range(2)]
+        self.staging = [torch.empty(PIECE_BYTES, dtype=torch.uint8).pin_memory() for _ in range(2)]
         self.copied = [torch.cuda.Event() for _ in range(2)]  # the staging buffer's last copy is done
         self.stream = torch.cuda.Stream(device)
         self.headers: dict[Path, Header] = {}
@@ -229,8 +230,8 @@ class DeviceReader:
         # temporary freed there): the copies on the side stream wait for that work, or it would overwrite them.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         flat = out.view(-1).view(torch.uint8) if out.numel() else out.new_empty(0, dtype=torch.uint8)
-        for offset in range(0, end - begin, _PIECE):
-            size = min(_PIECE, end - begin - offset)
+        for offset in range(0, end - begin, PIECE_BYTES):
+            size = min(PIECE_BYTES, end - begin - offset)
             buffer, copied = self.staging[self.turn], self.copied[self.turn]
             copied.synchronize()  # the buffer's previous piece has reached the device
             read_exact(fd, buffer[:size], start + offset, self.pool)

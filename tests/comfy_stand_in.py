@@ -71,12 +71,15 @@ class Patcher:
         self.loads = 0
 
     def _place(self, where) -> None:
+        # As ComfyUI's set_attr_param / set_attr_buffer (comfy/utils.py): each tensor is replaced, a parameter by a
+        # new Parameter, a buffer keeping its persistence (setattr on a registered buffer's name keeps it).
         for module in self.model.modules():
-            for table in (module._parameters, module._buffers):
-                for name, tensor in list(table.items()):
-                    if tensor is not None:
-                        moved = where(module, name, tensor.detach())
-                        table[name] = torch.nn.Parameter(moved, False) if name in module._parameters else moved
+            tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+            for name, tensor in tensors:
+                moved = where(module, name, tensor.detach())
+                setattr(
+                    module, name, torch.nn.Parameter(moved, False) if isinstance(tensor, torch.nn.Parameter) else moved
+                )
 
     @torch.inference_mode()
     def offload(self) -> None:

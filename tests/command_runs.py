@@ -87,6 +87,11 @@ def fill(folder: Path) -> None:
         os.close(fd)
 
 
+def tensor_bytes_in(fd: int) -> int:
+    """Bytes of tensor data (after the 8-byte length and the header) in the safetensors file open as `fd`."""
+    return os.fstat(fd).st_size - 8 - int.from_bytes(os.pread(fd, 8, 0), "little")
+
+
 def small_latents(tmp_path: Path, value=None, dtype=torch.float32) -> Path:
     """`value` (default: random (24, 3, 4, 4), seed 0: 9 frames of 64x64 px) as tmp_path/s.safetensors."""
     z = torch.randn(24, 3, 4, 4, generator=torch.Generator().manual_seed(0)) if value is None else value

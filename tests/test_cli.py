@@ -524,16 +524,30 @@ def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch
 
 
 def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
-    """The frames are written from a background thread: its error (here a full disk while piping frames to
-    ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""
+    """The frames are written from a background thread: its error (here a full disk reported as frames are
+    piped to ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""
+    real_popen, calls = subprocess.Popen, []
 
-    calls = []
+    class FullPipe:
+        """ffmpeg's stdin, whose writes fail as on a full disk."""
 
-    def failing_write(self, data):
-        calls.append(len(data))
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        def __init__(self, pipe):
+            self.pipe = pipe
 
-    monkeypatch.setattr(output.Mp4Sink, "_write", failing_write)
+        def write(self, data):
+            calls.append(len(data))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            self.pipe.close()
+
+    def popen(command, *args, **kwargs):
+        process = real_popen(command, *args, **kwargs)
+        if kwargs.get("stdin") == subprocess.PIPE and "-movflags" in command:
+            process.stdin = FullPipe(process.stdin)
+        return process
+
+    monkeypatch.setattr(output.subprocess, "Popen", popen)
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "video.mp4"
     latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=12))  # two chunks

@@ -138,17 +138,17 @@ def test_full_disk_keeps_the_old_mp4(capsys, tmp_path):
 
 
 def test_full_disk_while_streaming_safetensors(capsys, tmp_path, monkeypatch):
-    """ENOSPC from the file's write (simulated: the preflight already refuses what cannot fit)."""
-    real = output.SafetensorsSink._write
-    calls = []
+    """ENOSPC from the file's sync of its second chunk (simulated: the preflight already refuses what cannot
+    fit, and a delayed-allocation filesystem reports the full disk there)."""
+    real, calls = os.fdatasync, []
 
-    def write(self, data):
-        calls.append(len(data))
+    def fdatasync(fd):
+        calls.append(fd)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(self, data)
+        real(fd)
 
-    monkeypatch.setattr(output.SafetensorsSink, "_write", write)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     out = tmp_path / "v.safetensors"
     out.write_bytes(OLD)
     z = torch.randn(24, 12, 2, 2, generator=torch.Generator().manual_seed(1))

@@ -153,15 +153,10 @@ def test_a_torch_nested_tensor_is_not_a_latent(loaded):
 
 
 @pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch):
-    """ComfyUI's device, for these tests the CPU (a stand-in VAE lives there, and the references decode there
-    in fp32), also on a machine with a GPU."""
-    monkeypatch.setattr(comfyui, "_device", lambda: torch.device("cpu"))
-
-
-@pytest.fixture
 def host(monkeypatch):
-    """ComfyUI's model management and progress bar (tests/comfy_stand_in.py), recording the nodes' calls."""
+    """ComfyUI's model management and progress bar (tests/comfy_stand_in.py), recording the nodes' calls. Its
+    VAE device is the CPU (a stand-in VAE lives there, and the references decode there in fp32), also on a
+    machine with a GPU."""
     return comfy_stand_in.install(monkeypatch)
 
 

@@ -18,7 +18,7 @@ from checkpoints import random_diffusers_vae
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, comfyui, fused
 from minimax_h3_vae.diffusers import swap_decoder
-from minimax_h3_vae.fused import flash_attention
+from minimax_h3_vae.fused import flash_attention, quack_common
 from minimax_h3_vae.runtime import check_machine, resolve_attention
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -53,12 +53,12 @@ def test_installed_needs_flash_attn_4_and_quack(monkeypatch):
 
         return distribution
 
-    monkeypatch.setattr(flash_attention._quack, "installed", lambda: True)
+    monkeypatch.setattr(quack_common, "installed", lambda: True)
     monkeypatch.setattr(importlib.metadata, "distribution", only(False))
     assert not flash_attention.installed()
     monkeypatch.setattr(importlib.metadata, "distribution", only(True))
     assert flash_attention.installed()
-    monkeypatch.setattr(flash_attention._quack, "installed", lambda: False)
+    monkeypatch.setattr(quack_common, "installed", lambda: False)
     assert not flash_attention.installed(), "flash-attn-4 imports quack"
 
 

@@ -6,6 +6,8 @@ bit with the same tile batch (the same GEMM shapes). The CUDA tests check that t
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from repo import TINY
@@ -263,14 +265,15 @@ def test_streamer_slot_order():
     ]
 
 
-def test_decode_through_a_moving_streamer_equals_resident(one_thread):
+def test_decode_through_a_moving_streamer_equals_resident(one_thread, monkeypatch):
     """The layer-major decode with slots that really swap in (recorded streams on the CPU) gives the resident
     decode's values, bit for bit."""
+    from minimax_h3_vae import decoding
     from minimax_h3_vae.offload import BlockStreamer
 
+    monkeypatch.setattr(decoding, "BlockStreamer", functools.partial(BlockStreamer, streams=RecordingStreams()))
     resident = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="none", tile_batch=2)
     streamed = H3VideoDecoder.from_pretrained(TINY, device="cpu", offload="blocks", tile_batch=2)
-    streamed._streamer = BlockStreamer(streamed.decoder.transformer_blocks, torch.device("cpu"), RecordingStreams())
     z = latents(frames=3)
     assert torch.equal(streamed.decode(z), resident.decode(z))
-    assert streamed._streamer.streams.log, "the slots were used"
+    assert streamed.streamer().streams.log, "the slots were used"

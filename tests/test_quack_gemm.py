@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
+from minimax_h3_vae.fused import quack_common
 from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
 from minimax_h3_vae.rope import rotary_table, token_positions
 from minimax_h3_vae.runtime import resolve_gemm
@@ -93,16 +94,14 @@ def test_the_dsl_logger_gets_quacks_fingerprint_and_no_other_logger_does():
     import logging
     import types
 
-    from minimax_h3_vae.fused import _quack
-
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     dsl = types.SimpleNamespace(logger=logging.Logger("cutlass-dsl-stand-in"))
     dsl.logger.addHandler(handler)
     other = logging.Logger("host")
-    _quack.key_logger(dsl)
-    _quack.key_logger(dsl)  # once is enough; again changes nothing
+    quack_common.key_logger(dsl)
+    quack_common.key_logger(dsl)  # once is enough; again changes nothing
     assert type(dsl.logger).__quack_semantic_key__(dsl.logger) == ("logging.Logger", "cutlass-dsl-stand-in")
     assert isinstance(dsl.logger, logging.Logger) and type(dsl.logger).__mro__[1] is logging.Logger
     assert not hasattr(logging.Logger, "__quack_semantic_key__") and type(other) is logging.Logger
@@ -114,9 +113,7 @@ def test_the_dsl_logger_gets_quacks_fingerprint_and_no_other_logger_does():
 def test_loading_quack_leaves_the_logging_classes_alone():
     import logging
 
-    from minimax_h3_vae.fused import _quack
-
-    _quack.load()
+    quack_common.load()
     assert not hasattr(logging.Logger, "__quack_semantic_key__")
     assert not hasattr(logging.getLoggerClass(), "__quack_semantic_key__")
 
@@ -167,11 +164,11 @@ def test_qkv_epilogue_layout_is_the_release_norm_and_rope():
     runs them. A wrong partner, sign or mask is O(1) off."""
     heads, dim = 2, 64
     x, weight, bias, cos, sin = qkv_case(2, 5, 32, heads, torch.float16, "cpu", 0)
-    rows, normed, kept = qkv_op._layout(heads, dim, 48, torch.device("cpu"))
+    rows, normed, kept = qkv_op.epilogue_layout(heads, dim, 48, torch.device("cpu"))
     acc = F.linear(x.double(), weight.double()[rows], bias.double()[rows]).view(2, 5, 3 * heads, dim)
     rstd = torch.rsqrt(acc.pow(2).mean(-1, keepdim=True) + 1e-5)
     y = (acc * (rstd * normed.double().view(-1, dim) + kept.double().view(-1, dim))).view(10, -1)
-    table = qkv_op._table(cos, sin, 2, dim, torch.float16, None).double()
+    table = qkv_op.rotation_table(cos, sin, 2, dim, torch.float16, None).double()
     assert table.shape == (10, 3 * dim)
     x1, x2 = y.view(10, heads, -1, 2).unbind(-1)
     c, s = table.view(10, 1, -1, 2).unbind(-1)
@@ -190,7 +187,7 @@ def test_qkv_rotation_table_takes_neox_tables_only():
     cos = cos.clone()
     cos[:, -1] += 1
     with pytest.raises(ValueError, match="repeat their first half"):
-        qkv_op._table(cos, sin, 1, 64, torch.float16, None)
+        qkv_op.rotation_table(cos, sin, 1, 64, torch.float16, None)
 
 
 def test_qkv_rotation_table_is_kept_per_table_and_rebuilt_after_a_change():
@@ -198,23 +195,23 @@ def test_qkv_rotation_table_is_kept_per_table_and_rebuilt_after_a_change():
     tables live across calls, inference tensors included); writing into cos builds a new one."""
     _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
     tables = {}
-    first = qkv_op._table(cos, sin, 2, 64, torch.float16, tables)
-    assert qkv_op._table(cos, sin, 2, 64, torch.float16, tables) is first
-    assert qkv_op._table(cos, sin, 3, 64, torch.float16, tables).shape == (12, 192)
+    first = qkv_op.rotation_table(cos, sin, 2, 64, torch.float16, tables)
+    assert qkv_op.rotation_table(cos, sin, 2, 64, torch.float16, tables) is first
+    assert qkv_op.rotation_table(cos, sin, 3, 64, torch.float16, tables).shape == (12, 192)
     cos.mul_(0.5)
-    assert not torch.equal(qkv_op._table(cos, sin, 2, 64, torch.float16, tables), first)
+    assert not torch.equal(qkv_op.rotation_table(cos, sin, 2, 64, torch.float16, tables), first)
     with torch.inference_mode():
         _, _, _, cos, sin = qkv_case(1, 4, 8, 1, torch.float16, "cpu", 5)
-    assert qkv_op._table(cos, sin, 2, 64, torch.float16, tables) is qkv_op._table(
+    assert qkv_op.rotation_table(cos, sin, 2, 64, torch.float16, tables) is qkv_op.rotation_table(
         cos, sin, 2, 64, torch.float16, tables
     )
     # The cache holds cos and sin themselves (so an id is never reused while its entry stands), is bounded,
     # and goes with the model that holds it; without one nothing is kept.
     assert any(entry[0] is cos and entry[1] is sin for entry in tables.values())
     for batch in range(4, 4 + qkv_op.KEPT_TABLES):
-        qkv_op._table(cos, sin, batch, 64, torch.float16, tables)
+        qkv_op.rotation_table(cos, sin, batch, 64, torch.float16, tables)
     assert len(tables) == qkv_op.KEPT_TABLES
-    assert qkv_op._table(cos, sin, 2, 64, torch.float16, None) is not qkv_op._table(
+    assert qkv_op.rotation_table(cos, sin, 2, 64, torch.float16, None) is not qkv_op.rotation_table(
         cos, sin, 2, 64, torch.float16, None
     )
 

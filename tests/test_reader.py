@@ -182,7 +182,7 @@ def test_checkpoint_header_faults_are_found_with_the_headers(layouts, tmp_path, 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("piece", [64 * 2**20, 4096 + 8])  # one piece per tensor / many, both buffers in turn
 def test_device_load_equals_host_load(layouts, layout, dtype, piece, monkeypatch):
-    monkeypatch.setattr(reader, "_PIECE", piece)
+    monkeypatch.setattr(reader, "PIECE_BYTES", piece)
     host = H3VideoDecoder.from_pretrained(layouts[layout], device="cpu", dtype=dtype, offload="none")
     reads = []
     read = reader.DeviceReader.read

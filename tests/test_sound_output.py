@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from command_runs import OLD, fill, one_error_line, tmpfs, tree
+from command_runs import OLD, fill, one_error_line, tensor_bytes_in, tmpfs, tree
 from repo import EXAMPLE_LATENTS, REPO, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -448,16 +448,16 @@ def test_disk_filled_while_writing_the_sound(tmp_path, capsys, monkeypatch, suff
 
 
 def test_full_disk_while_writing_the_safetensors_sound(tmp_path, capsys, monkeypatch):
-    """ENOSPC as the sound is written, before any frame: WriteError, the old file untouched, no thread left."""
-    real, calls = output.SafetensorsSink._write, []
+    """ENOSPC as the sound is synced, before any frame: WriteError, the old file untouched, no thread left."""
+    real, calls = os.fdatasync, []
 
-    def write(self, data):
-        calls.append(len(data))
+    def fdatasync(fd):
+        calls.append(tensor_bytes_in(fd))
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(self, data)
+        real(fd)
 
-    monkeypatch.setattr(output.SafetensorsSink, "_write", write)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     out = tmp_path / "v.safetensors"
     out.write_bytes(OLD)
     code, err = run(capsys, clip(tmp_path), out)

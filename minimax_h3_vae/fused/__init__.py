@@ -37,9 +37,9 @@ from .. import blocks
 from ..audio import model as audio_model
 from ..config import H3DecoderConfig
 from ._common import LAUNCH_NAMES, placement_problem
-from ._quack import HOPPER, INSTALL
-from ._quack import installed as quack_installed
-from ._quack import load as load_quack
+from .quack_common import HOPPER, INSTALL
+from .quack_common import installed as quack_installed
+from .quack_common import load as load_quack
 
 __all__ = [
     "EAGER_KERNELS",

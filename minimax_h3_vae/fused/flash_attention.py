@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from . import _quack
+from . import quack_common
 from ._common import count_launch, grad_problem, zeros
 
 __all__ = ["model_call", "attention", "attention_reference", "import_problem", "installed", "unsupported"]
@@ -39,12 +39,12 @@ def installed() -> bool:
         importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return False
-    return _quack.installed()
+    return quack_common.installed()
 
 
 @functools.cache
 def _flash_attn_func():
-    _quack.load()  # quack's import, with the logger fingerprint its compile cache needs (_quack.load)
+    quack_common.load()  # quack's import, with the logger fingerprint its compile cache needs (quack_common.load)
     return importlib.import_module("flash_attn.cute.interface").flash_attn_func
 
 
@@ -53,7 +53,7 @@ def import_problem() -> str | None:
     """Why flash-attn-4 cannot be used here, or None once it is imported. Decided once per process: every launch
     asks, and looking for the install reads the installed distributions (~110 us)."""
     missing = "flash-attn-4, quack-kernels and nvidia-cutlass-dsl are not all installed"
-    return _quack.judge_import("flash-attn-4", installed(), missing, _flash_attn_func)
+    return quack_common.judge_import("flash-attn-4", installed(), missing, _flash_attn_func)
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -78,12 +78,12 @@ def unsupported(q, k, v) -> str | None:
         return f"q, k and v must share one (B, H, S, D) shape, got {[tuple(t.shape) for t in (q, k, v)]}"
     if q.shape[-1] not in HEAD_DIMS:
         return f"the head dim must be a multiple of 8 in 8..256, got {q.shape[-1]}"
-    if any(t.dtype != q.dtype for t in (k, v)) or q.dtype not in _quack.DTYPES:
+    if any(t.dtype != q.dtype for t in (k, v)) or q.dtype not in quack_common.DTYPES:
         got = sorted({str(t.dtype) for t in (q, k, v)})
-        return f"q, k and v must share one of {[str(d) for d in _quack.DTYPES]}, got {got}"
+        return f"q, k and v must share one of {[str(d) for d in quack_common.DTYPES]}, got {got}"
     if any(t.device.type != "cuda" or t.device != q.device for t in (q, k, v)):
         return "q, k and v must be on one CUDA device"
-    if torch.cuda.get_device_capability(q.device) != _quack.HOPPER:
+    if torch.cuda.get_device_capability(q.device) != quack_common.HOPPER:
         return f"flash-attn-4's Hopper kernel is used on compute capability 9.0 only; {q.device} is not one"
     # The kernel loads rows with TMA: a contiguous head dim, 16-byte aligned strides and start.
     for name, t in zip("qkv", (q, k, v)):

@@ -35,8 +35,8 @@ import triton.language as tl
 
 from ..blocks import linear_fp32 as linear_fp32_reference
 from ._common import MAX_ROW_WIDTH, as_rows, count_launch, grad_problem, linear_fp32_call, linear_fp32_problem
-from ._quack import ALIGN, gemm_config, import_problem, tensors_problem
 from ._triton_utils import row_launch
+from .quack_common import ALIGN, gemm_config, import_problem, tensors_problem
 
 __all__ = [
     "linear_fp32",

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, count_launch, grad_problem, is_number, zeros
-from ._quack import ALIGN, TILE_N, gemm_config, import_problem, tensors_problem
+from .quack_common import ALIGN, TILE_N, gemm_config, import_problem, tensors_problem
 
 __all__ = [
     "kernel_rows",
@@ -44,6 +44,8 @@ __all__ = [
     "linear_qk_rms_norm_rope_reference",
     "model_call",
     "pair_order",
+    "epilogue_layout",
+    "rotation_table",
     "unsupported",
 ]
 
@@ -125,8 +127,10 @@ def kernel_rows(num_heads: int, head_dim: int, rotary: int) -> torch.Tensor:
 
 
 @functools.cache
-def _layout(num_heads: int, head_dim: int, rotary: int, device: torch.device):
-    """`kernel_rows` on `device`, and the (1, 0) / (0, 1) column masks of q, k vs v."""
+def epilogue_layout(num_heads: int, head_dim: int, rotary: int, device: torch.device):
+    """What the epilogue reads besides the accumulator, on `device`: `kernel_rows` (3 * H * D,) int64, and the
+    float32 (3 * H * D,) column masks `normed` (1 on q and k columns, 0 on v) and `kept` (1 - normed), in the
+    GEMM's column order: per head [q | k | v]. Made once per shape and device."""
     normed = torch.tensor([1.0, 1.0, 0.0]).repeat_interleave(head_dim).repeat(num_heads)
     return kernel_rows(num_heads, head_dim, rotary).to(device), normed.to(device), (1.0 - normed).to(device)
 
@@ -141,12 +145,12 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _table(
+def rotation_table(
     cos: torch.Tensor, sin: torch.Tensor, batch: int, head_dim: int, dtype: torch.dtype, tables: dict | None
 ) -> torch.Tensor:
-    """(batch * S, 3 * head_dim) in `dtype`: per row and adjacent column pair (2j, 2j + 1) of a head's
-    [q | k | v], (cos, sin) of the rotation, (1, 0) where nothing rotates. Checks the NeoX halves once per
-    table (one synchronisation).
+    """The epilogue's rotation table: (batch * S, 3 * head_dim) in `dtype`, per row and adjacent column pair
+    (2j, 2j + 1) of a head's [q | k | v], (cos, sin) of the rotation, (1, 0) where nothing rotates. Checks the
+    NeoX halves once per table (one synchronisation).
 
     tables: the model's cache, (id(cos), id(sin), batch, dtype) -> (cos, sin, their versions, the table). It
     holds cos and sin themselves (the model's rotary tables, which live as long as the model), so an id is
@@ -235,7 +239,7 @@ def linear_qk_rms_norm_rope(
     halves of each row equal (NeoX: `rope.rotary_table`). Returns q, k, v: (B, H, S, D) views of one new
     (B, S, H, 3, D)-contiguous tensor of x's dtype. v is in the release's dim order; q and k have their head
     dims in `pair_order(D, R)` (attention's q . k is the release's). Raises ValueError outside this contract.
-    tables: the model's rotation-table cache (`_table`), bound into its ops with `launches`. ordered: weight
+    tables: the model's rotation-table cache (`rotation_table`), bound into its ops with `launches`. ordered: weight
     and bias are stored with their rows in `kernel_rows` order (a decoder on this kernel, from its load), not
     the release's, and go to the GEMM as they are.
     """
@@ -246,7 +250,7 @@ def linear_qk_rms_norm_rope(
     head_dim = weight.shape[0] // (3 * num_heads)
     out = torch.empty((batch, seq, num_heads, 3, head_dim), dtype=x.dtype, device=x.device)
     if out.numel():
-        rows, normed, kept = _layout(num_heads, head_dim, cos.shape[-1], x.device)
+        rows, normed, kept = epilogue_layout(num_heads, head_dim, cos.shape[-1], x.device)
         if not ordered:
             weight, bias = weight.index_select(0, rows), bias.index_select(0, rows)
         _epilogue(float(eps))(
@@ -259,7 +263,7 @@ def linear_qk_rms_norm_rope(
             rstd=head_dim,
             normed=normed,
             kept=kept,
-            table=_table(cos, sin, batch, head_dim, x.dtype, tables),
+            table=rotation_table(cos, sin, batch, head_dim, x.dtype, tables),
         )
         count_launch(launches, "linear_qk_rms_norm_rope")
     q, k, v = out.transpose(1, 2).unbind(3)

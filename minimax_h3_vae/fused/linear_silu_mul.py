@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ._common import as_rows, count_launch, grad_problem, zeros
-from ._quack import ALIGN, gemm_config, import_problem, load, tensors_problem
+from .quack_common import ALIGN, gemm_config, import_problem, load, tensors_problem
 
 __all__ = ["model_call", "linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
