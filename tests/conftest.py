@@ -107,7 +107,7 @@ def eager_offline(no_network, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def torchrun_sweep(tmp_path_factory):
+def rank_sweep(tmp_path_factory):
     """ranks -> the folder of distributed_worker.py's sweep on that many ranks, launched once, at first use."""
     from torchrun_runs import sweep
 

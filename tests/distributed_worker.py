@@ -1,14 +1,18 @@
-"""Run under `torchrun --standalone --nproc_per_node N` by the tests (gloo, CPU; torchrun_runs.py launches it).
+"""The ranks' side of the distributed tests (gloo, CPU; torchrun_runs.py launches them).
 
-distributed_worker.py sweep CHECKPOINT DIR JOB...  the JOBs below, in order, in one process group (a process group
-                                                   cannot be joined again reliably in one launch): one launch per
-                                                   world size serves every test of that size
+`sweep(CHECKPOINT, DIR, JOBS)` runs the JOBs below, in order, in one process group (a process group cannot be
+joined again reliably in one launch): one launch per world size serves every test of that size. Its ranks are
+forked as torchrun would set them up (`as_rank`), from a process that imported torch once.
+
+Under `torchrun --standalone --nproc_per_node N`, the command:
 distributed_worker.py cli CHECKPOINT ARGS...       runs the CLI, with a missing checkpoint on rank 1 only
 distributed_worker.py cli_same CHECKPOINT ARGS...  runs the CLI, the same checkpoint on every rank
+distributed_worker.py cli_fail ARGS...             runs the CLI, with rank 1's decoder failing mid-decode
+each rank then prints its thread count on stdout ("rank R: N threads").
 
 JOBs (each rank saves what the tests compare with one process's decode):
   disagree  decode() with options that differ between the ranks, a rank whose own decode fails, then a good
-          decode of disagree_latents(): what each call raised and the thread count -> DIR/disagree_rank{r}.json,
+          decode of disagree_latents(): what each call raised -> DIR/disagree_rank{r}.json,
           the good decode -> DIR/disagree_rank{r}.pt
   decode  decodes of latents() for several tile batches, output_rank=1, offload="blocks"  -> DIR/rank{r}_*.pt
   auto    latents() with the automatic tile batch, on 2 threads                           -> DIR/rank{r}_auto.pt
@@ -19,7 +23,9 @@ JOBs (each rank saves what the tests compare with one process's decode):
 """
 
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -80,7 +86,6 @@ def disagree(checkpoint: str, folder: Path, rank: int) -> None:
     results["own_failure"] = outcome(lambda: model.decode(z, tile_batch=1))
     model.forward = forward
     out = model.decode(z, tile_batch=1)  # the process group still works
-    results["threads"] = torch.get_num_threads()
     (folder / f"disagree_rank{rank}.json").write_text(json.dumps(results))
     torch.save(out, folder / f"disagree_rank{rank}.pt")
 
@@ -135,15 +140,42 @@ def sweep(checkpoint: str, folder: Path, jobs: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def cli(checkpoint: str, args: list[str], same: bool = False) -> int:
+def as_rank(rank: int, world: int, port: int, environ: dict, errors: Path, target, *args) -> None:
+    """target(*args) as rank `rank` of `world`, set up as `torchrun --standalone` sets up its ranks: the launcher's
+    environment, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for the env://
+    rendezvous, and one thread (torchrun's OMP_NUM_THREADS=1, which a process forked after torch's import must
+    be given directly). A failure's traceback goes to errors/rank{R}.txt."""
+    os.environ.clear()
+    os.environ.update(environ)
+    sizes = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}
+    os.environ.update({k: str(v) for k, v in sizes.items()}, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    try:
+        target(*args)
+    except BaseException:
+        (errors / f"rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def cli(mode: str, args: list[str]) -> int:
     from minimax_h3_vae.command.main import main
 
-    rank = int(__import__("os").environ["RANK"])
-    return main([*args, "--model", checkpoint if rank == 0 or same else checkpoint + ".missing"])
+    rank = int(os.environ["RANK"])
+    if mode in ("cli", "cli_same"):
+        checkpoint, *args = args
+        args += ["--model", checkpoint if rank == 0 or mode == "cli_same" else checkpoint + ".missing"]
+    elif rank == 1:  # cli_fail
+
+        def failing(self, *args, **kwargs):
+            raise RuntimeError("injected failure")
+
+        H3VideoDecoder.forward = failing
+    code = main(args)
+    print(f"rank {rank}: {torch.get_num_threads()} threads", flush=True)
+    return code
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "sweep":
-        sweep(sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
-    else:
-        sys.exit(cli(sys.argv[2], sys.argv[3:], same=sys.argv[1] == "cli_same"))
+    assert sys.argv[1] in ("cli", "cli_same", "cli_fail"), sys.argv
+    sys.exit(cli(sys.argv[1], sys.argv[2:]))

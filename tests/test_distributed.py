@@ -1,4 +1,5 @@
-"""Tile-parallel decode on torch.distributed: the split, and bitwise equality under torchrun (gloo, CPU)."""
+"""Tile-parallel decode on torch.distributed: the split, and bitwise equality on gloo ranks on the CPU (the API's
+sweeps on forked ranks, the command under torchrun)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def test_tile_calls_cover_every_tile_once(tiles, ranks, tile_batch):
 
 
 @pytest.fixture(scope="module")
-def distributed_outputs(torchrun_sweep):
-    return torchrun_sweep(2)
+def distributed_outputs(rank_sweep):
+    return rank_sweep(2)
 
 
 @on_sweep(2)
@@ -63,7 +64,7 @@ def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_th
 
 
 @on_sweep(2)
-def test_blocks_offload_under_torchrun(distributed_outputs, one_thread):
+def test_blocks_offload_on_ranks(distributed_outputs, one_thread):
     """Each rank streams its own weights, layer-major over its share of the tiles: still the single-process
     output, bit for bit."""
     expected = H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=1).decode(latents())
@@ -127,12 +128,12 @@ def single_process_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("ranks", sweep_sizes(2, 3, 4))
-def test_cli_under_torchrun_every_clip_length(torchrun_sweep, single_process_files, ranks):
+def test_command_on_ranks_every_clip_length(rank_sweep, single_process_files, ranks):
     """Bug: for most clip lengths (T = 7, 12, 72, ...) the output rank's stream yielded one chunk more than the
     other ranks' (the held tail), so the command's per-chunk agreement stopped pairing up and gloo reset the
     connection. Every rank now takes part in the same collectives for every T, and the file is the single
     process's, bit for bit."""
-    folder = torchrun_sweep(ranks)
+    folder = rank_sweep(ranks)
     for length in CLI_LENGTHS:
         spread = load_file(str(folder / f"out_{length}.safetensors"))["video"]
         assert torch.equal(spread, single_process_files[length]), f"T = {length}"
@@ -156,10 +157,10 @@ def single_process_decodes():
 
 
 @pytest.mark.parametrize("ranks", sweep_sizes(2, 3, 4))
-def test_windows_x_tiles_across_ranks_equal_one_process(torchrun_sweep, single_process_decodes, ranks):
+def test_windows_x_tiles_across_ranks_equal_one_process(rank_sweep, single_process_decodes, ranks):
     """The (window, tile) schedule: for T = 1, 2, 3, 7, 12, 13, frames smaller than one tile, a row of tiles and
     a 2 x 2 grid, and tile batches 1 and 3, every rank's decode equals the single process's bit for bit."""
-    folder = torchrun_sweep(ranks)
+    folder = rank_sweep(ranks)
     for (length, h, w, tile_batch), expected in single_process_decodes.items():
         for rank in range(ranks):
             got = torch.load(folder / f"api_{length}_{h}_{w}_{tile_batch}_rank{rank}.pt")

@@ -1,7 +1,7 @@
-"""Faults under torchrun: ranks given different options, a rank whose own decode fails, a rank
-killed mid-decode, a rank blocked in a collective when the stop comes; one line, on the lowest rank still
-running, no temporary file left, in bounded time. Real torchrun launches of gloo ranks on the CPU: the
-slowest tests here; the 20-run repeat of the kill is marked slow (`pytest -m slow`)."""
+"""Faults on several ranks: ranks given different options and a rank whose own decode fails (the 2-rank sweep),
+and, in the command under real torchrun launches of gloo ranks on the CPU, a rank's failure, a rank killed
+mid-decode, a rank blocked in a collective when the stop comes: one line, on the lowest rank still running, no
+temporary file left, in bounded time. The 20-run repeat of the kill is marked slow (`pytest -m slow`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,54 +19,12 @@ from command_runs import refused, run_cli, small_latents, tree
 from distributed_worker import disagree_latents
 from repo import TINY
 from safetensors.torch import save_file
-from torchrun_runs import on_sweep
+from torchrun_runs import PACKAGE_ROOT, end_launch, on_sweep, torchrun
 
-import minimax_h3_vae
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.command import main as cli
 
-PACKAGE_ROOT = Path(minimax_h3_vae.__file__).resolve().parents[1]  # the ranks import the package under test
-WORKER = Path(__file__).with_name("distributed_faults_worker.py")
 TYPE_NAMES = re.compile(r"\b\w+(Error|Exception)\b|NoneType|Traceback")
-
-
-def torchrun(*args, ranks=2, module=False, wait=True, timeout=180):
-    """torchrun --standalone on `ranks` CPU ranks: the worker (or, with module=True, the command)."""
-    target = ["-m", "minimax_h3_vae.command"] if module else [str(WORKER)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *target]
-    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
-    env.pop("OMP_NUM_THREADS", None)  # torchrun's own choice (1 thread per rank) is part of what is tested
-    process = subprocess.Popen(
-        [*command, *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=PACKAGE_ROOT,
-    )
-    if not wait:
-        return process
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # a hang: end the launch and its ranks, then fail
-        end_launch(process)
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def end_launch(agent: subprocess.Popen) -> None:
-    """Kill torchrun and its ranks (each rank leads a process group of its own, as torchrun starts them)."""
-    try:
-        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
-    except OSError:  # it has just ended
-        children = []
-    for child in children:
-        try:
-            os.killpg(int(child), signal.SIGKILL)
-        except OSError:
-            pass
-    agent.kill()
-    agent.communicate()
 
 
 def rank_pids(agent: subprocess.Popen, ranks: int, timeout: float = 60) -> dict[int, int]:
@@ -167,9 +124,9 @@ def test_launcher_variables_are_read_as_strictly_as_flags(monkeypatch, capsys, t
 
 
 @pytest.fixture(scope="module")
-def disagree_run(torchrun_sweep):
+def disagree_run(rank_sweep):
     """What each rank of the 2-rank sweep's `disagree` job saw (distributed_worker.py), and the sweep's folder."""
-    folder = torchrun_sweep(2)
+    folder = rank_sweep(2)
     return [json.loads((folder / f"disagree_rank{rank}.json").read_text()) for rank in (0, 1)], folder
 
 
@@ -201,14 +158,22 @@ def test_one_ranks_own_problem_fails_every_rank(disagree_run):
 
 
 @on_sweep(2)
-def test_torchrun_runs_each_rank_on_one_thread(disagree_run, one_thread):
-    """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on
-    the thread count (docs/performance.md says so): with one thread in one process too, the output is the same."""
-    results, folder = disagree_run
-    assert results[0]["threads"] == results[1]["threads"] == 1
+def test_the_process_group_outlives_the_failed_calls(disagree_run, one_thread):
+    """After every refused or failed call above, a good decode on both ranks is the single process's."""
+    _, folder = disagree_run
     expected = H3VideoDecoder.from_pretrained(TINY, device="cpu").decode(disagree_latents(), tile_batch=1)
     for rank in (0, 1):
         assert torch.equal(torch.load(folder / f"disagree_rank{rank}.pt"), expected)
+
+
+@pytest.mark.xdist_group("torchrun_command")
+def test_torchrun_runs_each_rank_on_one_thread(torchrun_command):
+    """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on the thread
+    count (docs/performance.md says so): the command's ranks run one thread each, as the one process its output
+    is compared with (test_distributed.py)."""
+    run = torchrun_command
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    assert sorted(run.result.stdout.splitlines()) == ["rank 0: 1 threads", "rank 1: 1 threads"]
 
 
 def test_the_docs_say_what_torchrun_does_to_threads():

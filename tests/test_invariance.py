@@ -2,7 +2,7 @@
 calls (docs/decoder.md §9).
 
 What varies: the tile batch (every value, and the automatic one under any memory budget), offload="blocks",
-B videos decoded together or each alone, decode vs decode_stream, and the ranks under torchrun. The CPU tests
+B videos decoded together or each alone, decode vs decode_stream, and the ranks of a process group. The CPU tests
 pin torch's thread count (to 1 and to 2: a CPU GEMM splits its work by threads, which is out of scope; at 2
 threads oneDNN's conv picked its blocking by the batch, which was the bug there). The CUDA tests use the
 released widths with 2 blocks: every op sees the released shapes and row counts, so the libraries choose the
@@ -107,10 +107,10 @@ def test_automatic_tile_batch_follows_memory_not_the_output(threads, monkeypatch
 
 
 @pytest.mark.parametrize("ranks", sweep_sizes(1, 2, 3, 4))
-def test_ranks_with_the_automatic_batch_equal_one_process(torchrun_sweep, ranks, threads):
-    """torchrun (gloo) with the automatic tile batch: each rank decodes its own share of the tiles in calls of
+def test_ranks_with_the_automatic_batch_equal_one_process(rank_sweep, ranks, threads):
+    """Ranks (gloo) with the automatic tile batch: each rank decodes its own share of the tiles in calls of
     its own size, and every rank returns the single process's output bit for bit (2 threads per process)."""
-    folder = torchrun_sweep(ranks)
+    folder = rank_sweep(ranks)
     expected = H3VideoDecoder.from_pretrained(TINY, device="cpu", tile_batch=1).decode(worker_latents())
     for rank in range(ranks):
         assert torch.equal(torch.load(folder / f"rank{rank}_auto.pt"), expected), rank

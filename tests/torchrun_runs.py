@@ -1,26 +1,37 @@
-"""torchrun launches of tests/distributed_worker.py: gloo ranks on the CPU, one thread each (torchrun's own
-choice); and the one sweep launch per world size that the tests of that size share (each torchrun start-up
-costs seconds on two cores)."""
+"""Launches of tests/distributed_worker.py's ranks: gloo on the CPU, one thread each (torchrun's own choice).
+
+The command runs under real torchrun launches (`torchrun`, `command_run`). The sweeps, the API's jobs that
+the tests of one world size share, run on ranks forked from a server process that imported torch and the
+package once (`forked_ranks`): each torchrun launch costs a launcher and one torch import per rank, ~3 s of
+CPU each on two cores.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import distributed_worker
 import pytest
 import torch
 from distributed_worker import CLI_LENGTHS, latents
-from repo import REPO, TINY
+from repo import TINY
 from safetensors.torch import save_file
 
+import minimax_h3_vae
 from minimax_h3_vae import save_latents
 from minimax_h3_vae.command import main as cli
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+PACKAGE_ROOT = Path(minimax_h3_vae.__file__).resolve().parents[1]  # the ranks import the package under test
 # The worker's jobs run by the sweep on each world size: what the tests of that size read.
 SWEEP_JOBS = {
     1: ("auto",),
@@ -40,20 +51,45 @@ def sweep_sizes(*sizes: int) -> list:
     return [pytest.param(ranks, marks=on_sweep(ranks)) for ranks in sizes]
 
 
-def torchrun(*args, ranks=2, timeout=240) -> subprocess.CompletedProcess:
-    """distributed_worker.py ARGS under `torchrun --standalone` on `ranks` ranks; its output captured as text."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        str(WORKER),
-        *map(str, args),
-    ]
-    env = dict(os.environ)
+def torchrun(*args, ranks=2, module=False, wait=True, timeout=240):
+    """`torchrun --standalone` on `ranks` CPU ranks of distributed_worker.py ARGS (or, with module=True, of the
+    command itself), importing the package under test. wait: its CompletedProcess, output captured as text
+    (a launch still running after `timeout` s is ended, then TimeoutExpired raised); else the Popen."""
+    target = ["-m", "minimax_h3_vae.command"] if module else [str(WORKER)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *target]
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
     env.pop("OMP_NUM_THREADS", None)  # torchrun's own choice (1 thread per rank) is part of what is tested
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    process = subprocess.Popen(
+        [*command, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=PACKAGE_ROOT,
+    )
+    if not wait:
+        return process
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: end the launch and its ranks, then fail
+        end_launch(process)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def end_launch(agent: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks (each rank leads a process group of its own, as torchrun starts them)."""
+    try:
+        children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    except OSError:  # it has just ended
+        children = []
+    for child in children:
+        try:
+            os.killpg(int(child), signal.SIGKILL)
+        except OSError:
+            pass
+    agent.kill()
+    agent.communicate()
 
 
 def write_cli_inputs(folder: Path) -> None:
@@ -63,11 +99,43 @@ def write_cli_inputs(folder: Path) -> None:
         save_file({"latents": z}, str(folder / f"in_{length}.safetensors"))
 
 
+def forked_ranks(ranks: int, folder: Path, target, *args, timeout: float) -> None:
+    """target(*args) on `ranks` ranks of one gloo process group (`distributed_worker.as_rank`), forked from
+    multiprocessing's fork server, which imports the worker (and with it torch and the package) once per test
+    process. Fails the test with a rank's traceback if any rank fails, or kills them all after `timeout` s."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["distributed_worker", "minimax_h3_vae.command.main"])
+    with socket.socket() as probe:  # a free port for the rendezvous, as torchrun --standalone picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    errors = folder / "errors"
+    errors.mkdir()
+    processes = [
+        context.Process(target=distributed_worker.as_rank, args=(rank, ranks, port, environ, errors, target, *args))
+        for rank in range(ranks)
+    ]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    failed = sorted(errors.iterdir())
+    assert not failed, "\n".join(f"{path.stem}:\n{path.read_text()[-3000:]}" for path in failed)
+    assert not hung, f"ranks {hung} still running after {timeout} s"
+    assert all(process.exitcode == 0 for process in processes), [process.exitcode for process in processes]
+    errors.rmdir()
+
+
 def sweep(folder: Path, ranks: int) -> None:
     """The worker's SWEEP_JOBS[ranks] on `ranks` ranks, writing into `folder` (failing the test if it fails)."""
     write_cli_inputs(folder)
-    result = torchrun("sweep", TINY, folder, *SWEEP_JOBS[ranks], ranks=ranks, timeout=480)
-    assert result.returncode == 0, result.stderr[-3000:]
+    forked_ranks(ranks, folder, distributed_worker.sweep, str(TINY), folder, list(SWEEP_JOBS[ranks]), timeout=480)
 
 
 @dataclass(frozen=True)
