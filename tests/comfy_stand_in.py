@@ -105,7 +105,8 @@ class VAE:
     def __init__(self, state: dict[str, torch.Tensor], config, dtype=torch.float32, device="cpu"):
         with torch.inference_mode():  # ComfyUI's VAE Loader runs inside inference mode
             stage = FirstStage(config).eval()
-            stage.load_state_dict({k: v for k, v in state.items() if k in stage.state_dict()}, strict=False)
+            names = stage.state_dict().keys()
+            stage.load_state_dict({k: v for k, v in state.items() if k in names}, strict=False)
             stage.to(dtype)
         self.first_stage_model = stage
         self.device = torch.device(device)

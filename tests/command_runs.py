@@ -1,6 +1,6 @@
 """Running the command in process and reading what it leaves: its exit code and stderr, the one error line, the
-files under a folder; latents files to give it, a copy of the tiny checkpoint to break; a real tmpfs, and a way
-to fill a disk."""
+files under a folder, the streams ffmpeg reads in a file; latents files to give it, a copy of the tiny checkpoint
+to break; a real tmpfs, and a way to fill a disk."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from repo import TINY
 from safetensors.torch import save_file
 
 from minimax_h3_vae.command import main as cli_module
+from minimax_h3_vae.command import output
 
 OLD = b"an older output that must survive" * 64  # an existing output, which a failed run must leave as it was
 
@@ -51,9 +52,11 @@ def one_error_line(err: str) -> str:
 
 
 def latents_file(path: Path, z=None, metadata=None) -> Path:
-    """`z` (default: random (24, 3, 2, 2), seed 0) saved as the command's input at `path`."""
+    """`z` (default: random (24, 3, 2, 2), seed 0) saved as the command's input at `path`; a dict of tensors is
+    saved as it is."""
     z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0)) if z is None else z
-    save_file({"latents": z.contiguous()}, str(path), metadata=metadata)
+    tensors = z if isinstance(z, dict) else {"latents": z}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
     return path
 
 
@@ -85,6 +88,29 @@ def fill(folder: Path) -> None:
         assert error.errno == errno.ENOSPC
     finally:
         os.close(fd)
+
+
+def ffmpeg(*args: str) -> subprocess.CompletedProcess:
+    """imageio-ffmpeg's ffmpeg with these arguments, its output captured (bytes)."""
+    return subprocess.run([output.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
+
+
+def streams(path: Path) -> list[str]:
+    """The `Stream #0:N` lines of `ffmpeg -v verbose -i`."""
+    return [
+        line.strip()
+        for line in ffmpeg("-v", "verbose", "-i", str(path)).stderr.decode().splitlines()
+        if line.strip().startswith("Stream #0:")
+    ]
+
+
+def stream_seconds(path: Path, stream: str) -> float:
+    """Where the last packet of `stream` ends, in seconds, from ffmpeg's framecrc (pts + duration, time base)."""
+    lines = ffmpeg("-v", "error", "-i", str(path), "-map", stream, "-c", "copy", "-f", "framecrc", "-").stdout
+    lines = lines.decode().splitlines()
+    num, den = next(line for line in lines if line.startswith("#tb 0:")).split(":")[1].strip().split("/")
+    last = [line for line in lines if line and not line.startswith("#")][-1].split(",")
+    return (int(last[2]) + int(last[3])) * int(num) / int(den)
 
 
 def tensor_bytes_in(fd: int) -> int:

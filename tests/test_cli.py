@@ -16,18 +16,14 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from command_runs import latents_file, one_error_line, run_cli_or_parser, stream_seconds, streams, tree
 from repo import EXAMPLE_LATENTS, REPO, SCRIPT, TINY
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
-from minimax_h3_vae.command import main as cli_module
 from minimax_h3_vae.command import output
 from minimax_h3_vae.command.writer import BackgroundWriter
-
-
-@pytest.fixture(scope="module")
-def cli():
-    return cli_module
+from minimax_h3_vae.latents import read_latents_header
 
 
 @pytest.fixture(scope="module")
@@ -41,42 +37,8 @@ def offline(no_network, monkeypatch):
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "0")
 
 
-def run_cli(cli, capsys, *args) -> tuple[int, str]:
-    """main(argv) in process -> (exit code, stderr). On the CPU unless the arguments name a device: the
-    expected frames come from a CPU fp32 decode, and a CUDA machine would otherwise decode in fp16."""
-    capsys.readouterr()
-    args = [str(a) for a in args]
-    if "--device" not in args:
-        args += ["--device", "cpu"]
-    try:
-        code = cli.main(args)
-    except SystemExit as exit:  # a value the argument parser refuses (Parser.error: one line, exit code 2)
-        code = exit.code
-    return code, capsys.readouterr().err
-
-
-def write_latents(path: Path, tensors, metadata=None) -> Path:
-    if isinstance(tensors, torch.Tensor):
-        tensors = {"latents": tensors}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
-    return path
-
-
-def small_latents(seed=0, frames=3) -> torch.Tensor:
+def random_latents(seed=0, frames=3) -> torch.Tensor:
     return torch.randn(24, frames, 2, 2, generator=torch.Generator().manual_seed(seed))
-
-
-def tree(folder: Path) -> set[str]:
-    """Every file and folder under `folder`, hidden ones included."""
-    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
-
-
-def assert_one_error_line(err: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines, "nothing on stderr"
-    assert lines[-1].startswith("error:"), lines[-1]
-    assert sum(line.startswith("error:") for line in lines) == 1
-    assert "Traceback" not in err
 
 
 # ---- end to end ----------------------------------------------------------------------------------------
@@ -89,20 +51,25 @@ def example_frames(tiny_model) -> torch.Tensor:
     return to_uint8_frames(tiny_model.decode(denormalize_latents(z, tiny_model.config)))
 
 
-def test_example_to_mp4_subprocess(tmp_path, example_frames):
-    """The one real run of the script: exit code, stderr and the mp4 it writes."""
-    out = tmp_path / "video.mp4"
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The README's first command, the one real run of the script: the shipped example latents (39 frames at 24
+    fps, 65 audio latents) to an mp4 with the tiny checkpoint. Its result, and the folder it ran in."""
+    folder = tmp_path_factory.mktemp("example")
     # The script must find the package by itself: the repo is taken off PYTHONPATH (other entries stay).
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0", "PYTHONPATH": os.pathsep.join(path)}
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    out = folder / "video.mp4"
+    command = [sys.executable, str(SCRIPT), str(EXAMPLE_LATENTS), str(out), "--model", str(TINY), "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=folder, env=env, timeout=300)
+    return result, folder
+
+
+@pytest.mark.xdist_group("example_run")
+def test_example_to_mp4_subprocess(example_run, example_frames):
+    """The script's exit code, its stderr, and the frames of the mp4 it writes."""
+    result, folder = example_run
+    out = folder / "video.mp4"
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error:" not in result.stderr
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
@@ -114,7 +81,7 @@ def test_example_to_mp4_subprocess(tmp_path, example_frames):
         result.stderr,
         re.M,
     )
-    assert tree(tmp_path) == {"video.mp4"}
+    assert tree(folder) == {"video.mp4"}
 
     frames = iio.imread(out)
     assert frames.shape == (39, 256, 320, 3) and frames.dtype == np.uint8
@@ -127,6 +94,23 @@ def test_example_to_mp4_subprocess(tmp_path, example_frames):
     got, ref = frames.astype(np.float32) @ luma, example_frames.numpy().astype(np.float32) @ luma
     error, reversed_error = np.abs(got - ref).mean(), np.abs(got - ref[::-1]).mean()
     assert error < 8 and error < 0.25 * reversed_error, (error, reversed_error)
+
+
+@pytest.mark.xdist_group("example_run")
+def test_the_example_mp4_has_tagged_video_and_its_sound(example_run):
+    """One H.264 stream tagged bt709 and one AAC stream, 32 kHz stereo, as ffmpeg reads them; both last 1.625 s,
+    within one AAC frame."""
+    header = read_latents_header(EXAMPLE_LATENTS)
+    assert header.audio.shape == (2, 32, 65) and header.audio.sample_rate == 32000 and header.fps == 24
+    result, folder = example_run
+    out = folder / "video.mp4"
+    assert result.returncode == 0, result.stderr
+    video, audio = streams(out)
+    assert "Video: h264" in video and "yuv420p(tv, bt709, progressive, left)" in video and "24 fps" in video
+    assert "Audio: aac (LC)" in audio and "32000 Hz, stereo" in audio
+    assert stream_seconds(out, "0:v:0") == pytest.approx(39 / 24)
+    assert abs(stream_seconds(out, "0:a:0") - 39 / 24) < 1024 / 32000
+    assert output.count_audio_samples(out) == 65 * 800
 
 
 def test_console_script_is_installed_and_runs(tmp_path):
@@ -149,11 +133,11 @@ def test_console_script_is_installed_and_runs(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("recipe", [["--dtype", "fp32", "--eager"], []], ids=["fp32_eager", "default_fp16"])
-def test_example_on_cuda(cli, capsys, tmp_path, example_frames, recipe):
+def test_example_on_cuda(capsys, tmp_path, example_frames, recipe):
     """On CUDA the command defaults to the fp16 recipe (fused where Triton is present). Its frames are those
     of the CPU fp32 decode up to rounding: fp32 within 1 level, the fp16 recipe within a few levels."""
     out = tmp_path / "frames.safetensors"
-    code, err = run_cli(cli, capsys, EXAMPLE_LATENTS, out, "--model", TINY, "--device", "cuda", *recipe)
+    code, err = run_cli_or_parser(capsys, EXAMPLE_LATENTS, out, "--model", TINY, "--device", "cuda", *recipe)
     assert code == 0, err
     assert "device cuda" in err and ("fp32" in err if recipe else "fp16 (release recipe)" in err)
     frames = load_file(str(out))["video"]
@@ -162,9 +146,9 @@ def test_example_on_cuda(cli, capsys, tmp_path, example_frames, recipe):
     assert diff.float().mean() < 0.5
 
 
-def test_example_to_safetensors(cli, capsys, tmp_path, example_frames):
+def test_example_to_safetensors(capsys, tmp_path, example_frames):
     out = tmp_path / "frames.safetensors"
-    code, err = run_cli(cli, capsys, EXAMPLE_LATENTS, out, "--model", TINY)
+    code, err = run_cli_or_parser(capsys, EXAMPLE_LATENTS, out, "--model", TINY)
     assert code == 0, err
     video = load_file(str(out))
     assert list(video) == ["audio", "video"]  # the example carries sound (tests/test_sound_output.py)
@@ -179,12 +163,12 @@ def decode_reference(model, z: torch.Tensor, raw: bool) -> torch.Tensor:
     return to_uint8_frames(model.decode(z if raw else denormalize_latents(z, model.config)))
 
 
-def test_raw_latents(cli, capsys, tmp_path, tiny_model):
-    z = small_latents(1)
-    latents = write_latents(tmp_path / "z.safetensors", z)
-    code, err = run_cli(cli, capsys, latents, tmp_path / "raw.safetensors", "--model", TINY, "--raw-latents")
+def test_raw_latents(capsys, tmp_path, tiny_model):
+    z = random_latents(1)
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "raw.safetensors", "--model", TINY, "--raw-latents")
     assert code == 0, err
-    code, err = run_cli(cli, capsys, latents, tmp_path / "norm.safetensors", "--model", TINY)
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "norm.safetensors", "--model", TINY)
     assert code == 0, err
     raw = load_file(str(tmp_path / "raw.safetensors"))["video"]
     norm = load_file(str(tmp_path / "norm.safetensors"))["video"]
@@ -195,8 +179,8 @@ def test_raw_latents(cli, capsys, tmp_path, tiny_model):
 
 
 @pytest.mark.parametrize("layout", ["5d", "other_name", "among_others", "fp16", "fp64"])
-def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
-    z = small_latents(2)
+def test_accepted_latent_files(capsys, tmp_path, tiny_model, layout):
+    z = random_latents(2)
     tensors = {
         "5d": {"latents": z[None]},
         "other_name": {"z_0": z},
@@ -204,9 +188,9 @@ def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
         "fp16": {"latents": z.half()},
         "fp64": {"latents": z.double()},
     }[layout]
-    latents = write_latents(tmp_path / "in.safetensors", tensors)
+    latents = latents_file(tmp_path / "in.safetensors", tensors)
     out = tmp_path / "out.safetensors"
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
     assert code == 0, err
     expected_z = z.half().float() if layout == "fp16" else z
     assert torch.equal(load_file(str(out))["video"], decode_reference(tiny_model, expected_z, raw=False))
@@ -221,20 +205,20 @@ def test_accepted_latent_files(cli, capsys, tmp_path, tiny_model, layout):
         (None, ["--fps", "8.5"], 8.5),
     ],
 )
-def test_fps(cli, capsys, tmp_path, metadata, flag, fps):
-    latents = write_latents(tmp_path / "z.safetensors", small_latents(3), metadata=metadata)
+def test_fps(capsys, tmp_path, metadata, flag, fps):
+    latents = latents_file(tmp_path / "z.safetensors", random_latents(3), metadata=metadata)
     out = tmp_path / "out.mp4"
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, *flag)
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY, *flag)
     assert code == 0, err
     assert f"at {fps:g} fps" in err
     assert iio.immeta(out)["fps"] == pytest.approx(fps)
     assert iio.imread(out).shape == (9, 32, 32, 3)
 
 
-def test_summary_and_setup_lines(cli, capsys, tmp_path):
-    latents = write_latents(tmp_path / "z.safetensors", small_latents(4, frames=7))
+def test_summary_and_setup_lines(capsys, tmp_path):
+    latents = latents_file(tmp_path / "z.safetensors", random_latents(4, frames=7))
     out = tmp_path / "out.safetensors"
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, "--device", "cpu", "--eager")
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY, "--device", "cpu", "--eager")
     assert code == 0, err
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in err
     assert "latents (24, 7, 2, 2) -> 22 frames of 32x32 at 24 fps" in err
@@ -246,18 +230,18 @@ def test_summary_and_setup_lines(cli, capsys, tmp_path):
     assert match, err
     assert match.group(1) == str(out) and match.group(2) == "22"
     assert load_file(str(out))["video"].shape[0] == 22
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY, "--dtype", "fp16", "--tile-batch", "1")
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY, "--dtype", "fp16", "--tile-batch", "1")
     assert code == 0, err
     assert "device cpu, fp16 (release recipe), eager ops" in err
 
 
-def test_tile_batch_does_not_change_the_frames(cli, capsys, tmp_path):
+def test_tile_batch_does_not_change_the_frames(capsys, tmp_path):
     z = torch.randn(24, 3, 20, 2, generator=torch.Generator().manual_seed(5))  # 320 px high: 2 tiles
-    latents = write_latents(tmp_path / "z.safetensors", z)
+    latents = latents_file(tmp_path / "z.safetensors", z)
     results = []
     for batch in ([], ["--tile-batch", "1"]):
         out = tmp_path / f"out{len(results)}.safetensors"
-        code, err = run_cli(cli, capsys, latents, out, "--model", TINY, *batch)
+        code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY, *batch)
         assert code == 0, err
         results.append(load_file(str(out))["video"])
     assert results[0].shape == (9, 320, 32, 3)
@@ -271,19 +255,19 @@ def test_tile_batch_does_not_change_the_frames(cli, capsys, tmp_path):
 
 def _bad_latents(tensors, metadata=None):
     def make(tmp_path):
-        return [write_latents(tmp_path / "in.safetensors", tensors, metadata), tmp_path / "out" / "video.mp4"]
+        return [latents_file(tmp_path / "in.safetensors", tensors, metadata), tmp_path / "out" / "video.mp4"]
 
     return make
 
 
 def _nan():
-    z = small_latents()
+    z = random_latents()
     z[3, 1, 0, 1] = float("nan")
     return z
 
 
 def _inf():
-    z = small_latents()
+    z = random_latents()
     z[0, 0, 1, 1] = -float("inf")
     return z
 
@@ -299,16 +283,16 @@ def _not_safetensors(tmp_path):
 
 
 def _unknown_extension(tmp_path):
-    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "video.avi"]
+    return [_bad_latents(random_latents())(tmp_path)[0], tmp_path / "out" / "video.avi"]
 
 
 def _missing_output_folder(tmp_path):
-    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "missing" / "video.mp4"]
+    return [_bad_latents(random_latents())(tmp_path)[0], tmp_path / "out" / "missing" / "video.mp4"]
 
 
 def _output_is_folder(tmp_path):
     (tmp_path / "out" / "video.mp4").mkdir()
-    return [_bad_latents(small_latents())(tmp_path)[0], tmp_path / "out" / "video.mp4"]
+    return [_bad_latents(random_latents())(tmp_path)[0], tmp_path / "out" / "video.mp4"]
 
 
 def _truncated_checkpoint(tmp_path):
@@ -316,22 +300,22 @@ def _truncated_checkpoint(tmp_path):
     shutil.copytree(TINY, model)
     weights = model / "video_vae" / "source" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1000])
-    return [*_bad_latents(small_latents())(tmp_path), "--model", model]
+    return [*_bad_latents(random_latents())(tmp_path), "--model", model]
 
 
 def _missing_checkpoint(tmp_path):
-    return [*_bad_latents(small_latents())(tmp_path), "--model", tmp_path / "no_such_checkpoint"]
+    return [*_bad_latents(random_latents())(tmp_path), "--model", tmp_path / "no_such_checkpoint"]
 
 
 def _flag(*flags):
     def make(tmp_path):
-        return [*_bad_latents(small_latents())(tmp_path), *flags]
+        return [*_bad_latents(random_latents())(tmp_path), *flags]
 
     return make
 
 
 def _fps_metadata(value):
-    return _bad_latents(small_latents(), {"fps": value})
+    return _bad_latents(random_latents(), {"fps": value})
 
 
 BAD_INPUTS = {
@@ -345,7 +329,7 @@ BAD_INPUTS = {
     "bool_latents": _bad_latents(torch.ones(24, 3, 2, 2, dtype=torch.bool)),
     "missing_input": _missing_input,
     "not_safetensors": _not_safetensors,
-    "two_tensors_no_latents": _bad_latents({"a": small_latents(), "b": small_latents(1)}),
+    "two_tensors_no_latents": _bad_latents({"a": random_latents(), "b": random_latents(1)}),
     "fps_metadata_not_a_number": _fps_metadata("fast"),
     "unknown_extension": _unknown_extension,
     "missing_output_folder": _missing_output_folder,
@@ -375,7 +359,7 @@ BAD_INPUTS.update(
 
 
 @pytest.mark.parametrize("make", BAD_INPUTS.values(), ids=BAD_INPUTS)
-def test_bad_input(cli, capsys, tmp_path, make):
+def test_bad_input(capsys, tmp_path, make):
     (tmp_path / "out").mkdir()
     args = make(tmp_path)
     if "cuda" in args and torch.cuda.is_available():
@@ -383,14 +367,14 @@ def test_bad_input(cli, capsys, tmp_path, make):
     if "--model" not in [str(a) for a in args]:
         args += ["--model", TINY]
     before = tree(tmp_path)
-    code, err = run_cli(cli, capsys, *args)
+    code, err = run_cli_or_parser(capsys, *args)
     assert code == 2, err
-    assert_one_error_line(err)
+    one_error_line(err)
     assert not Path(args[1]).is_file()
     assert tree(tmp_path) == before  # no output, no temporary file anywhere
 
 
-def test_bad_input_messages(cli, capsys, tmp_path):
+def test_bad_input_messages(capsys, tmp_path):
     """A few messages say what is wrong, not only that something is."""
     (tmp_path / "out").mkdir()
     cases = {
@@ -412,14 +396,14 @@ def test_bad_input_messages(cli, capsys, tmp_path):
         args = BAD_INPUTS[name](tmp_path)
         if "--model" not in [str(a) for a in args]:
             args += ["--model", TINY]
-        code, err = run_cli(cli, capsys, *args)
+        code, err = run_cli_or_parser(capsys, *args)
         assert code == 2, (name, err)
         assert words in err.splitlines()[-1], (name, err)
 
 
-def test_verbose_shows_traceback(cli, capsys, tmp_path):
-    latents = write_latents(tmp_path / "in.safetensors", _nan())
-    code, err = run_cli(cli, capsys, latents, tmp_path / "out.mp4", "--model", TINY, "--verbose")
+def test_verbose_shows_traceback(capsys, tmp_path):
+    latents = latents_file(tmp_path / "in.safetensors", _nan())
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "out.mp4", "--model", TINY, "--verbose")
     assert code == 2
     assert "Traceback (most recent call last)" in err
     assert "InputError" in err
@@ -430,19 +414,19 @@ def test_verbose_shows_traceback(cli, capsys, tmp_path):
 # ---- an existing output, and failures during decoding -------------------------------------------------
 
 
-def test_existing_output_kept_on_failure_and_replaced_on_success(cli, capsys, tmp_path):
+def test_existing_output_kept_on_failure_and_replaced_on_success(capsys, tmp_path):
     out = tmp_path / "out" / "video.mp4"
     out.parent.mkdir()
     old = b"an older video that must survive a failed run" * 100
     out.write_bytes(old)
-    bad = write_latents(tmp_path / "bad.safetensors", _nan())
-    code, err = run_cli(cli, capsys, bad, out, "--model", TINY)
+    bad = latents_file(tmp_path / "bad.safetensors", _nan())
+    code, err = run_cli_or_parser(capsys, bad, out, "--model", TINY)
     assert code == 2, err
     assert out.read_bytes() == old
     assert tree(out.parent) == {"video.mp4"}
 
-    good = write_latents(tmp_path / "good.safetensors", small_latents(6))
-    code, err = run_cli(cli, capsys, good, out, "--model", TINY)
+    good = latents_file(tmp_path / "good.safetensors", random_latents(6))
+    code, err = run_cli_or_parser(capsys, good, out, "--model", TINY)
     assert code == 0, err
     assert out.read_bytes() != old
     assert iio.imread(out).shape == (9, 32, 32, 3)
@@ -467,63 +451,64 @@ def failing_stream(monkeypatch):
 
 
 @pytest.mark.parametrize("suffix", [".mp4", ".safetensors"])
-def test_failure_during_decoding(cli, capsys, tmp_path, failing_stream, suffix):
+def test_failure_during_decoding(capsys, tmp_path, failing_stream, suffix):
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / f"video{suffix}"
-    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=8))  # two chunks
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents(7, frames=8))  # two chunks
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
     assert failing_stream == [(1, 3, 17, 32, 32)]  # the sink did get frames before the failure
     assert code == 1
-    assert_one_error_line(err)
-    assert "RuntimeError" in err and "simulated failure" in err
+    lines = [line for line in err.splitlines() if line.strip()]  # a bug's error names its type, unlike bad input's
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:] and "Traceback" not in err
+    assert lines[-1].startswith("error: RuntimeError: simulated failure in the middle of decoding")
     assert not out.exists()
     assert tree(tmp_path / "out") == set()
 
 
-def test_failure_during_decoding_keeps_existing_output(cli, capsys, tmp_path, failing_stream):
+def test_failure_during_decoding_keeps_existing_output(capsys, tmp_path, failing_stream):
     out = tmp_path / "video.mp4"
     out.write_bytes(b"previous")
-    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=7))
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents(7, frames=7))
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
     assert code == 1, err
     assert out.read_bytes() == b"previous"
     assert tree(tmp_path) == {"video.mp4", "in.safetensors"}
 
 
-def test_interrupt_during_decoding(cli, capsys, tmp_path, monkeypatch):
+def test_interrupt_during_decoding(capsys, tmp_path, monkeypatch):
     def decode_stream(self, z, progress=None, **options):
         yield torch.zeros(1, 3, 5, 32, 32)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(H3VideoDecoder, "decode_stream", decode_stream)
-    latents = write_latents(tmp_path / "in.safetensors", small_latents())
-    code, err = run_cli(cli, capsys, latents, tmp_path / "video.mp4", "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents())
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "video.mp4", "--model", TINY)
     assert code == 130
     assert "nothing was written" in err
     assert tree(tmp_path) == {"in.safetensors"}
 
 
-def test_output_has_default_permissions(cli, capsys, tmp_path):
+def test_output_has_default_permissions(capsys, tmp_path):
     umask = os.umask(0)
     os.umask(umask)
-    latents = write_latents(tmp_path / "in.safetensors", small_latents())
+    latents = latents_file(tmp_path / "in.safetensors", random_latents())
     out = tmp_path / "video.safetensors"
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
     assert code == 0, err
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_eager_flag_overrides_the_environment(cli, capsys, tmp_path, monkeypatch):
+def test_eager_flag_overrides_the_environment(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
-    latents = write_latents(tmp_path / "in.safetensors", small_latents())
-    code, err = run_cli(cli, capsys, latents, tmp_path / "a.safetensors", "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents())
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "a.safetensors", "--model", TINY)
     # The line names the ops that run: on the CPU the kernels run only under the Triton interpreter.
     assert code == 0 and ("fused ops" if os.environ.get("TRITON_INTERPRET") == "1" else "eager ops") in err
-    code, err = run_cli(cli, capsys, latents, tmp_path / "b.safetensors", "--model", TINY, "--eager")
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "b.safetensors", "--model", TINY, "--eager")
     assert code == 0 and "eager ops" in err
 
 
-def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
+def test_failure_while_writing(capsys, tmp_path, monkeypatch):
     """The frames are written from a background thread: its error (here a full disk reported as frames are
     piped to ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""
     real_popen, calls = subprocess.Popen, []
@@ -550,21 +535,21 @@ def test_failure_while_writing(cli, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(output.subprocess, "Popen", popen)
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "video.mp4"
-    latents = write_latents(tmp_path / "in.safetensors", small_latents(7, frames=12))  # two chunks
-    code, err = run_cli(cli, capsys, latents, out, "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents(7, frames=12))  # two chunks
+    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
     assert calls, "the writer thread ran"
     assert code == 1
-    assert_one_error_line(err)
+    one_error_line(err)
     assert f"{out}: no space left on the disk of {out.parent}" in err and "OSError" not in err
     assert tree(tmp_path / "out") == set()
 
 
-def test_bad_fused_setting_is_bad_input(cli, capsys, tmp_path, monkeypatch):
+def test_bad_fused_setting_is_bad_input(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "yes")
-    latents = write_latents(tmp_path / "in.safetensors", small_latents())
-    code, err = run_cli(cli, capsys, latents, tmp_path / "out.mp4", "--model", TINY)
+    latents = latents_file(tmp_path / "in.safetensors", random_latents())
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "out.mp4", "--model", TINY)
     assert code == 2
-    assert_one_error_line(err)
+    one_error_line(err)
     assert "MINIMAX_H3_VAE_FUSED" in err and tree(tmp_path) == {"in.safetensors"}
 
 

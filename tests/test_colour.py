@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from command_runs import ffmpeg
 from repo import TINY
 from safetensors.torch import save_file
 
@@ -198,10 +199,6 @@ def colour_frames() -> torch.Tensor:
         rgb[:, i] = torch.tensor(colour, dtype=torch.float32)[:, None, None]
     rgb[:, -1] = (torch.arange(WIDTH) // 16 / 7.0)[None, None, :]
     return rgb
-
-
-def ffmpeg(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([output.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
 
 
 @pytest.fixture(scope="module", params=[1, 17], ids=["crf1", "crf17"])

@@ -45,7 +45,8 @@ def test_audio_decoder_fetches_only_the_audio_vae(tmp_path, monkeypatch, layouts
     decoder = H3AudioDecoder.from_pretrained("Org/H3", device="cpu", fused=False)
     assert sorted(asked) == [f"FL2VA/audio_vae/{n}" for n in ("config.json", "metadata.json", "model.safetensors")]
     local = H3AudioDecoder.from_pretrained(audio_layouts["original"], device="cpu", fused=False)
-    assert all(torch.equal(v, local.state_dict()[k]) for k, v in decoder.state_dict().items())
+    expected = local.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in decoder.state_dict().items())
 
 
 def test_audio_decoder_falls_back_to_the_diffusers_folder(tmp_path, monkeypatch, audio_layouts, no_network):

@@ -68,8 +68,9 @@ def test_blocks_keeps_the_linears_in_host_memory(device):
     if device == "cuda":
         assert all(v.is_pinned() for v in linears.values()), "pinned, for fast asynchronous copies"
         assert streamed.device_bytes() < resident.device_bytes()
+    streamed_state = streamed.state_dict()
     for key, value in resident.state_dict().items():
-        assert torch.equal(streamed.state_dict()[key].to(value.device), value), key
+        assert torch.equal(streamed_state[key].to(value.device), value), key
 
 
 def test_progress_counts_every_tile_once():

@@ -29,9 +29,8 @@ def oracle_output(oracle_vae, latents):
         return oracle_vae.decode(latents).sample
 
 
-@pytest.mark.parametrize("layout", ["original", "diffusers", "comfyui"])
-def test_matches_diffusers(layouts, layout, latents, oracle_output):
-    decoder = H3VideoDecoder.from_pretrained(layouts[layout], device="cpu", dtype=torch.float32)
+def test_matches_diffusers(layouts, latents, oracle_output):
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cpu", dtype=torch.float32)
     out = decoder.decode(latents)
     assert out.shape == oracle_output.shape == (1, 3, 43, 288, 464)
     assert out.dtype == torch.float32
@@ -39,9 +38,19 @@ def test_matches_diffusers(layouts, layout, latents, oracle_output):
     torch.testing.assert_close(out, oracle_output, atol=ATOL, rtol=0)
 
 
-def test_repo_root_matches_diffusers(release_repo, latents, oracle_output):
-    out = H3VideoDecoder.from_pretrained(release_repo, device="cpu").decode(latents)
-    torch.testing.assert_close(out, oracle_output, atol=ATOL, rtol=0)
+@pytest.mark.parametrize("where", ["diffusers", "comfyui", "repo root"])
+def test_every_layout_decodes_as_diffusers(layouts, release_repo, oracle_vae, where):
+    """The other layouts, and a repo root, load the original layout's config and its tensors bit for bit
+    (test_loading.py), so the tiling and chunking above are theirs too: one tile of 3 frames checks the door."""
+    z = torch.randn(1, 24, 3, 2, 3, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = oracle_vae.decode(z).sample
+    path = release_repo if where == "repo root" else layouts[where]
+    decoder = H3VideoDecoder.from_pretrained(path, device="cpu", dtype=torch.float32)
+    assert decoder.config == H3VideoDecoder.from_pretrained(layouts["original"], device="cpu").config
+    out = decoder.decode(z)
+    assert out.shape == expected.shape == (1, 3, 9, 32, 48) and expected.std() > 0.1
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
 
 
 def test_every_block_contributes(layouts, latents, oracle_output):

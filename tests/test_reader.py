@@ -189,7 +189,8 @@ def test_device_load_equals_host_load(layouts, layout, dtype, piece, monkeypatch
     monkeypatch.setattr(reader.DeviceReader, "read", lambda self, *a: reads.append(a) or read(self, *a))
     direct = H3VideoDecoder.from_pretrained(layouts[layout], device="cuda", dtype=dtype, offload="none")
     assert reads, "the device reader was used"
+    direct_state = direct.state_dict()
     for key, value in host.state_dict().items():
-        got = direct.state_dict()[key]
+        got = direct_state[key]
         assert got.device.type == "cuda" and got.dtype == value.dtype, key
         assert torch.equal(got.cpu(), value), key

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from command_runs import OLD, fill, one_error_line, tensor_bytes_in, tmpfs, tree
+from command_runs import OLD, ffmpeg, fill, one_error_line, streams, tensor_bytes_in, tmpfs, tree
 from repo import EXAMPLE_LATENTS, REPO, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -24,7 +24,6 @@ from minimax_h3_vae import H3AudioDecoder, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
 from minimax_h3_vae.command import main as cli
 from minimax_h3_vae.command import output
-from minimax_h3_vae.latents import read_latents_header
 
 
 @pytest.fixture(autouse=True)
@@ -64,28 +63,6 @@ def expected_sound(path: Path) -> torch.Tensor:
     return SOUNDS[key].clone()
 
 
-def ffmpeg(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([output.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
-
-
-def streams(path: Path) -> list[str]:
-    """The `Stream #0:N` lines of `ffmpeg -v verbose -i`."""
-    return [
-        line.strip()
-        for line in ffmpeg("-v", "verbose", "-i", str(path)).stderr.decode().splitlines()
-        if line.strip().startswith("Stream #0:")
-    ]
-
-
-def stream_seconds(path: Path, stream: str) -> float:
-    """Where the last packet of `stream` ends, in seconds, from ffmpeg's framecrc (pts + duration, time base)."""
-    lines = ffmpeg("-v", "error", "-i", str(path), "-map", stream, "-c", "copy", "-f", "framecrc", "-").stdout
-    lines = lines.decode().splitlines()
-    num, den = next(line for line in lines if line.startswith("#tb 0:")).split(":")[1].strip().split("/")
-    last = [line for line in lines if line and not line.startswith("#")][-1].split(",")
-    return (int(last[2]) + int(last[3])) * int(num) / int(den)
-
-
 def samples_of(path: Path) -> torch.Tensor:
     """The file's sound as ffmpeg decodes it, float32 (channels, samples)."""
     result = ffmpeg("-v", "error", "-i", str(path), "-map", "0:a:0", "-f", "f32le", "-")
@@ -94,24 +71,6 @@ def samples_of(path: Path) -> torch.Tensor:
 
 
 # ---- what each OUT holds -------------------------------------------------------------------------------------------
-
-
-def test_the_readme_first_command_writes_an_mp4_with_sound(tmp_path, capsys):
-    """The shipped example (39 frames at 24 fps, 65 audio latents) through the README's command: one H.264 stream
-    tagged bt709 and one AAC stream, 32 kHz stereo; both last 1.625 s, within one AAC frame."""
-    header = read_latents_header(EXAMPLE_LATENTS)
-    assert header.audio.shape == (2, 32, 65) and header.audio.sample_rate == 32000 and header.fps == 24
-    out = tmp_path / "example.mp4"
-    code, err = run(capsys, EXAMPLE_LATENTS, out)
-    assert code == 0, err
-    video, audio = streams(out)
-    assert "Video: h264" in video and "yuv420p(tv, bt709, progressive, left)" in video and "24 fps" in video
-    assert "Audio: aac (LC)" in audio and "32000 Hz, stereo" in audio
-    assert stream_seconds(out, "0:v:0") == pytest.approx(39 / 24)
-    assert abs(stream_seconds(out, "0:a:0") - 39 / 24) < 1024 / 32000
-    assert output.count_audio_samples(out) == 65 * 800
-    assert "39 frames with 1.625 s of sound" in err
-    assert tree(tmp_path) == {"example.mp4"}
 
 
 def test_the_tool_writes_the_committed_example(tmp_path):
