@@ -1,7 +1,8 @@
 """The fused path at decoder level: same output as eager, and proof that all three kernels ran.
 
 On a machine without CUDA the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1),
-so the sizes stay small: 2 tiles of 16 x 1 latents, 2 temporal chunks.
+so the sizes stay small: 2 tiles of 8 x 1 latents in one temporal window, one decoder call (each interpreted
+launch costs ~0.2 s of CPU; the windows and tiles around the call are the eager path's, tested elsewhere).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(scope="module")
 def latents():
-    return torch.randn(1, 24, 8, 9, 1, generator=torch.Generator().manual_seed(3))
+    return torch.randn(1, 24, 7, 9, 1, generator=torch.Generator().manual_seed(3))
 
 
 def decode(layouts, latents, dtype, is_fused):
@@ -47,14 +48,13 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
     eager, eager_launches = decode(layouts, latents, "fp32", False)
     out, launches = decode(layouts, latents, "fp32", True)
     assert set(eager_launches.values()) == {0}
-    # 2 decoder calls (chunks) x (1 input norm, 2 layers x (2 residual adds, 1 qk-norm + rope, 1 gate),
-    # 1 proj_out).
+    # 1 decoder call x (1 input norm, 2 layers x (2 residual adds, 1 qk-norm + rope, 1 gate), 1 proj_out).
     assert launches == {
-        "rms_norm": 2,
-        "scale_add_rms_norm": 8,
-        "qk_rms_norm_rope": 4,
-        "silu_mul": 4,
-        "tf32x3_linear": 2,
+        "rms_norm": 1,
+        "scale_add_rms_norm": 4,
+        "qk_rms_norm_rope": 2,
+        "silu_mul": 2,
+        "tf32x3_linear": 1,
         "linear_silu_mul": 0,  # quack's, for gemm="quack" only
         "linear_qk_rms_norm_rope": 0,
         "fp16x3_linear": 0,
@@ -69,7 +69,7 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
 def test_fused_fp16_matches_eager(layouts, latents):
     eager, _ = decode(layouts, latents, "fp16", False)
     out, launches = decode(layouts, latents, "fp16", True)
-    assert launches["qk_rms_norm_rope"] == 4
+    assert launches["qk_rms_norm_rope"] == 2
     # The kernels reproduce eager's fp16 roundings; a norm may still land 1 ulp away where its fp32 value
     # sits on a rounding boundary, and the blocks carry that on. Allow 4 fp16 ulp at the output's scale.
     ulp = 2.0 ** (math.ceil(math.log2(eager.abs().max().item())) - 10)
@@ -103,14 +103,11 @@ def test_fused_choice_is_made_once_per_model(layouts, latents, monkeypatch):
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device=DEVICE, dtype="fp32", fused=True)
     assert len(calls) == 1
     ops = decoder.ops()
-    z = latents[:, :, :1, :1]  # the choice is checked, not the output: one small tile
-    decoder.decode(z)
-    decoder.decode(z)
-    assert len(calls) == 1
+    decoder.decode(latents[:, :, :1, :1])  # the choice is checked, not the output: one small tile
+    assert len(calls) == 1 and decoder.ops() is ops
     decoder.configure(fused=False)
     assert decoder.ops() is EAGER_OPS
     decoder.configure(fused=True)
-    decoder.decode(z)
     assert decoder.ops() is ops, "kept per set of kernels: switching back makes no new ops"
 
 
