@@ -4,7 +4,7 @@
 joined again reliably in one launch): one launch per world size serves every test of that size. Its ranks are
 forked as torchrun would set them up (`as_rank`), from a process that imported torch once.
 
-Under `torchrun --standalone --nproc_per_node N`, the command:
+The command, under `torchrun --standalone --nproc_per_node N` (or forked, `cli(MODE, ARGS)`):
 distributed_worker.py cli CHECKPOINT ARGS...       runs the CLI, with a missing checkpoint on rank 1 only
 distributed_worker.py cli_same CHECKPOINT ARGS...  runs the CLI, the same checkpoint on every rank
 distributed_worker.py cli_fail ARGS...             runs the CLI, with rank 1's decoder failing mid-decode
@@ -25,7 +25,6 @@ JOBs (each rank saves what the tests compare with one process's decode):
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -140,22 +139,21 @@ def sweep(checkpoint: str, folder: Path, jobs: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def as_rank(rank: int, world: int, port: int, environ: dict, errors: Path, target, *args) -> None:
-    """target(*args) as rank `rank` of `world`, set up as `torchrun --standalone` sets up its ranks: the launcher's
-    environment, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for the env://
-    rendezvous, and one thread (torchrun's OMP_NUM_THREADS=1, which a process forked after torch's import must
-    be given directly). A failure's traceback goes to errors/rank{R}.txt."""
+def as_rank(rank: int, world: int, port: int, environ: dict, log: Path, target, *args) -> None:
+    """Exit with target(*args) as rank `rank` of `world`, set up as `torchrun --standalone` sets up its ranks: the
+    launcher's environment, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for the
+    env:// rendezvous, and one thread (torchrun's OMP_NUM_THREADS=1, which a process forked after torch's import
+    must be given directly). Its stdout and stderr (a failure's traceback too) go to the file `log`."""
     os.environ.clear()
     os.environ.update(environ)
     sizes = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world}
     os.environ.update({k: str(v) for k, v in sizes.items()}, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    try:
-        target(*args)
-    except BaseException:
-        (errors / f"rank{rank}.txt").write_text(traceback.format_exc())
-        raise
+    with open(log, "wb") as handle:
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+    sys.exit(target(*args))
 
 
 def cli(mode: str, args: list[str]) -> int:

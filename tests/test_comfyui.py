@@ -199,7 +199,7 @@ def test_every_node_runs_under_inference_mode(host, path):
     """ComfyUI runs nodes under torch.inference_mode(), and its VAE Loader makes the weights there: inference
     tensors, which have no version counter. Every node decodes there as a file-loaded decoder does."""
     state, _ = comfy_stand_in.tiny_state()
-    z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(9))
+    z = torch.randn(1, 24, 3, 4, 20, generator=torch.Generator().manual_seed(9))  # 2 tiles, stitched
     if path == "loader":
         comfyui.release_decoders()
         with torch.inference_mode():
@@ -355,17 +355,17 @@ def test_vae_to_vae_node_keeps_comfyuis_decode_contract(host):
     assert vae.first_stage_model.decode.__func__ is comfy_stand_in.FirstStage.decode, "the original is untouched"
     stage = patched.first_stage_model
     assert stage.decoder.proj_out.weight is vae.first_stage_model.decoder.proj_out.weight, "the same weights"
-    z = torch.randn(1, 24, 3, 20, 20, generator=torch.Generator().manual_seed(11))
+    z = torch.randn(1, 24, 3, 4, 20, generator=torch.Generator().manual_seed(11))  # 2 tiles
     for frames, expected in ((1, 1), (2, 5), (3, 9), (7, 22), (8, 26)):
         assert stage.decode_output_shape((1, 24, frames, 20, 20)) == (1, 3, expected, 320, 320)
     buffer = torch.empty(stage.decode_output_shape(z.shape))
     assert stage.decode(z, output_buffer=buffer) is buffer
     (images,) = NODE_CLASS_MAPPINGS["MiniMaxH3DecodeWithVAE"]().decode(vae, {"samples": z}, "off", 2)
-    assert torch.equal(buffer.movedim(1, -1).reshape(-1, 320, 320, 3), images)
+    assert torch.equal(buffer.movedim(1, -1).reshape(-1, 64, 320, 3), images)
     tiled = stage.decode_tiled(z, 32, 32, 8, tile_t=64)  # ComfyUI's tile settings, positional or named
     assert torch.equal(tiled, buffer)
     with pytest.raises(ValueError, match="output_buffer is"):
-        stage.decode(z, output_buffer=torch.empty(1, 3, 8, 320, 320))
+        stage.decode(z, output_buffer=torch.empty(1, 3, 8, 64, 320))
 
 
 # ---- what each node refuses, with one clear error ------------------------------------------------------------------

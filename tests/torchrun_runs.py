@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,43 +100,52 @@ def write_cli_inputs(folder: Path) -> None:
         save_file({"latents": z}, str(folder / f"in_{length}.safetensors"))
 
 
-def forked_ranks(ranks: int, folder: Path, target, *args, timeout: float) -> None:
+@dataclass(frozen=True)
+class RankExit:
+    """How a forked rank ended: its exit code, and what it wrote on stdout and stderr."""
+
+    code: int | None
+    output: str
+
+
+def forked_ranks(ranks: int, target, *args, timeout: float) -> list[RankExit]:
     """target(*args) on `ranks` ranks of one gloo process group (`distributed_worker.as_rank`), forked from
     multiprocessing's fork server, which imports the worker (and with it torch and the package) once per test
-    process. Fails the test with a rank's traceback if any rank fails, or kills them all after `timeout` s."""
+    process. Each rank's exit; a rank still running after `timeout` s fails the test, every rank killed."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["distributed_worker", "minimax_h3_vae.command.main"])
     with socket.socket() as probe:  # a free port for the rendezvous, as torchrun --standalone picks one
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    errors = folder / "errors"
-    errors.mkdir()
-    processes = [
-        context.Process(target=distributed_worker.as_rank, args=(rank, ranks, port, environ, errors, target, *args))
-        for rank in range(ranks)
-    ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    failed = sorted(errors.iterdir())
-    assert not failed, "\n".join(f"{path.stem}:\n{path.read_text()[-3000:]}" for path in failed)
-    assert not hung, f"ranks {hung} still running after {timeout} s"
-    assert all(process.exitcode == 0 for process in processes), [process.exitcode for process in processes]
-    errors.rmdir()
+    with tempfile.TemporaryDirectory() as temp:
+        logs = [Path(temp) / f"rank{rank}.log" for rank in range(ranks)]
+        processes = [
+            context.Process(target=distributed_worker.as_rank, args=(rank, ranks, port, environ, log, target, *args))
+            for rank, log in enumerate(logs)
+        ]
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        exits = [RankExit(process.exitcode, log.read_text()) for process, log in zip(processes, logs)]
+    assert not hung, f"ranks {hung} still running after {timeout} s: " + "".join(e.output[-2000:] for e in exits)
+    return exits
 
 
 def sweep(folder: Path, ranks: int) -> None:
     """The worker's SWEEP_JOBS[ranks] on `ranks` ranks, writing into `folder` (failing the test if it fails)."""
     write_cli_inputs(folder)
-    forked_ranks(ranks, folder, distributed_worker.sweep, str(TINY), folder, list(SWEEP_JOBS[ranks]), timeout=480)
+    exits = forked_ranks(ranks, distributed_worker.sweep, str(TINY), folder, list(SWEEP_JOBS[ranks]), timeout=480)
+    assert all(e.code == 0 for e in exits), "\n".join(
+        f"rank {r}: {e.code}\n{e.output[-3000:]}" for r, e in enumerate(exits)
+    )
 
 
 @dataclass(frozen=True)
