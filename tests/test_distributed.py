@@ -12,7 +12,7 @@ import torch
 from distributed_worker import API_LENGTHS, CLI_LENGTHS, SHAPES, latents, sweep_latents
 from repo import TINY
 from safetensors.torch import load_file, save_file
-from torchrun_runs import forked_ranks, on_sweep, sweep_sizes, write_cli_inputs
+from torchrun_runs import ON_FORKED_RANKS, forked_ranks, sweep_sizes, write_cli_inputs
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.distributed import plan_tile_calls, split_balanced
@@ -52,7 +52,7 @@ def distributed_outputs(rank_sweep):
     return rank_sweep(2)
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 @pytest.mark.parametrize("tile_batch", [1, 2])
 def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_thread):
     """With the same tile batch, every rank returns exactly the single-process output."""
@@ -63,7 +63,7 @@ def test_bitwise_equal_to_single_process(distributed_outputs, tile_batch, one_th
         assert torch.equal(out, expected)
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_blocks_offload_on_ranks(distributed_outputs, one_thread):
     """Each rank streams its own weights, layer-major over its share of the tiles: still the single-process
     output, bit for bit."""
@@ -72,7 +72,7 @@ def test_blocks_offload_on_ranks(distributed_outputs, one_thread):
         assert torch.equal(torch.load(distributed_outputs / f"rank{rank}_blocks_batch1.pt"), expected)
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_automatic_batch_matches_single_process(distributed_outputs, one_thread):
     """Automatic batches: each rank decodes its share (2 and 1 tiles) in one call, the single process all 3
     in one call; no op depends on the tiles a call holds (docs/decoder.md §9), so the bits are the same."""
@@ -82,7 +82,7 @@ def test_automatic_batch_matches_single_process(distributed_outputs, one_thread)
     assert torch.equal(outs[0], expected)
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_output_rank_limits_the_output(distributed_outputs):
     assert torch.load(distributed_outputs / "rank0_output_rank1.pt") is None
     assert torch.equal(
@@ -187,6 +187,7 @@ def test_calls_never_cross_a_window():
     assert calls == single and len(plan) == 8
 
 
+@ON_FORKED_RANKS
 def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
     """Rank 1 gets a missing checkpoint: both ranks exit 2 with rank 1's error, printed once (by rank 0),
     nothing is written, no hang. (The ranks are forked as torchrun sets them up; the command's own launches
@@ -203,6 +204,7 @@ def test_cli_rank_that_cannot_load_stops_every_rank(tmp_path):
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors"]
 
 
+@ON_FORKED_RANKS
 def test_cli_rank_0_only_failure_stops_every_rank(tmp_path):
     """An output folder that does not take a file concerns rank 0 alone (the writer): every rank still
     exits 2 with rank 0's one line, printed once, and no rank is left in a collective ("Connection closed

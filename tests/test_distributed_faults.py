@@ -19,7 +19,7 @@ from command_runs import refused, run_cli, small_latents, tree
 from distributed_worker import disagree_latents
 from repo import TINY
 from safetensors.torch import save_file
-from torchrun_runs import PACKAGE_ROOT, end_launch, on_sweep, torchrun
+from torchrun_runs import ON_FORKED_RANKS, PACKAGE_ROOT, end_launch, torchrun
 
 from minimax_h3_vae import H3VideoDecoder
 from minimax_h3_vae.command import main as cli
@@ -130,7 +130,7 @@ def disagree_run(rank_sweep):
     return [json.loads((folder / f"disagree_rank{rank}.json").read_text()) for rank in (0, 1)], folder
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_ranks_given_different_options_fail_together(disagree_run):
     """Bug: ranks given different tile batches aborted rank 0 (SIGABRT inside gloo); different output ranks
     hung until the collective timeout. Now every rank raises the same ValueError, naming what differs, and
@@ -146,7 +146,7 @@ def test_ranks_given_different_options_fail_together(disagree_run):
             assert words in results[rank][name], results[rank][name]
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_one_ranks_own_problem_fails_every_rank(disagree_run):
     results, _ = disagree_run
     assert results[1]["own_problem"].startswith("ValueError: tile_batch must be")
@@ -157,7 +157,7 @@ def test_one_ranks_own_problem_fails_every_rank(disagree_run):
     )
 
 
-@on_sweep(2)
+@ON_FORKED_RANKS
 def test_the_process_group_outlives_the_failed_calls(disagree_run, one_thread):
     """After every refused or failed call above, a good decode on both ranks is the single process's."""
     _, folder = disagree_run

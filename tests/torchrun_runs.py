@@ -42,14 +42,14 @@ SWEEP_JOBS = {
 }
 
 
-def on_sweep(ranks: int) -> pytest.MarkDecorator:
-    """The tests that read the sweep on `ranks` ranks run in one pytest-xdist worker, which launches it once."""
-    return pytest.mark.xdist_group(f"sweep{ranks}")
+# Every test that reads a sweep or forks ranks runs in one pytest-xdist worker: its fork server starts once, each
+# sweep is launched once, and one process computes the single-process decodes the ranks' are compared with.
+ON_FORKED_RANKS = pytest.mark.xdist_group("forked_ranks")
 
 
 def sweep_sizes(*sizes: int) -> list:
-    """`ranks` parameters for tests that read the sweep of that size (`on_sweep` marks each)."""
-    return [pytest.param(ranks, marks=on_sweep(ranks)) for ranks in sizes]
+    """`ranks` parameters for tests that read the sweep of that size (each marked ON_FORKED_RANKS)."""
+    return [pytest.param(ranks, marks=ON_FORKED_RANKS) for ranks in sizes]
 
 
 def torchrun(*args, ranks=2, module=False, wait=True, timeout=240):
