@@ -8,7 +8,7 @@ CPU each on two cores.
 
 from __future__ import annotations
 
-import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import signal
@@ -114,6 +114,18 @@ def forked_ranks(ranks: int, target, *args, timeout: float) -> list[RankExit]:
     process. Each rank's exit; a rank still running after `timeout` s fails the test, every rank killed."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["distributed_worker", "minimax_h3_vae.command.main"])
+    # The server imports torch as a torchrun rank does, with OMP_NUM_THREADS=1 in its environment: the thread
+    # pools torch sets up then are those of a rank (on a 16-core machine, a server started with 16 threads gave
+    # its children other float32 bits at 2 threads than a process that started with 1).
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
     with socket.socket() as probe:  # a free port for the rendezvous, as torchrun --standalone picks one
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
