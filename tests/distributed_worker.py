@@ -109,6 +109,14 @@ def auto(checkpoint: str, out_dir: Path, rank: int) -> None:
     torch.set_num_threads(threads)
 
 
+def one_process(checkpoint: str, folder: Path) -> None:
+    """The `auto` job's reference: one process (no process group) decodes latents() in calls of one tile, on
+    AUTO_THREADS threads, started as the ranks are -> DIR/one_process_auto.pt."""
+    torch.set_num_threads(AUTO_THREADS)
+    model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu", tile_batch=1)
+    torch.save(model.decode(latents()), folder / "one_process_auto.pt")
+
+
 def api(checkpoint: str, folder: Path, rank: int) -> None:
     model = H3VideoDecoder.from_pretrained(checkpoint, device="cpu")
     for length in API_LENGTHS:
