@@ -178,7 +178,9 @@ def cli(mode: str, args: list[str]) -> int:
 
         H3VideoDecoder.forward = failing
     code = main(args)
-    print(f"rank {rank}: {torch.get_num_threads()} threads", flush=True)
+    # One write(2) of a short line to the pipe both ranks share is atomic; print() may write the text and its
+    # newline in two writes, and the two ranks' lines can interleave.
+    os.write(1, f"rank {rank}: {torch.get_num_threads()} threads\n".encode())
     return code
 
 
