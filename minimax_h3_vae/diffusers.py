@@ -3,16 +3,18 @@
     from minimax_h3_vae.diffusers import swap_decoder
     swap_decoder(pipe)  # pipe: MiniMaxH3ModularPipeline (or anything holding the VAE as `.vae`), or the VAE
 
-The VAE object is changed in place, so every holder of it (the pipeline, a components manager) sees the
-change: `vae.decoder` becomes a placeholder holding our decoder, built from the stock decoder's tensors in
-memory, and `vae.decode` is ours. The encoder, `quant_conv`, `post_quant_conv`, `config`, `encode`, and what
-`vae.device` / `vae.dtype` report stay as they were. Only this module imports diffusers; importing
-`minimax_h3_vae` does not.
+The VAE keeps every module it had: diffusers' decoder stays `vae.decoder`, with its weights, so saving,
+loading, casting, hooks, attention processors and training see the VAE they always saw. The swap adds a child
+`vae.decoder.minimax_h3` (a `DecoderSwap`: the run options, and our decoder built from the VAE's decoder
+tensors as they are) and makes `vae.decode` ours. Only this module imports diffusers; importing
+`minimax_h3_vae` does not. The contract, in full: docs/diffusers.md.
 """
 
 from __future__ import annotations
 
-import types
+import functools
+import re
+import threading
 
 import torch
 from torch import nn
@@ -28,6 +30,7 @@ from .tiling import Tiling
 DIFFUSERS_EXTRA = 'pip install -e ".[diffusers]" from a clone of minimax_h3_vae, or pip install "diffusers>=0.42"'
 try:
     from diffusers import AutoencoderKLMiniMaxH3
+    from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.autoencoders.vae import DecoderOutput
     from diffusers.utils.accelerate_utils import apply_forward_hook
 except ImportError as error:  # not installed, or a release without MiniMax-H3 (before 0.42)
@@ -37,34 +40,101 @@ except ImportError as error:  # not installed, or a release without MiniMax-H3 (
 
 # The run options swap_decoder takes: the VAE sets the device and, at each decode, the tiling.
 SWAP_OPTIONS = tuple(name for name in OPTION_NAMES if name not in ("device", "tiling"))
+# The child of the swapped `vae.decoder` that holds the swap.
+SWAP_NAME = "minimax_h3"
+# diffusers' hooks our decode honours: layerwise casting stores weights in a narrower dtype, which our decoder
+# reads as the values they round to (its recipe casts every weight once, when it is built).
+HONOURED_HOOKS = frozenset({"layerwise_casting"})
+# What `vae.fuse_qkv_projections()` adds: copies of to_q / to_k / to_v, which stay and are what diffusers'
+# MiniMax-H3 attention reads, so they are what ours reads too.
+FUSED_COPIES = re.compile(r"decoder\.transformer_blocks\.\d+\.attn\.to_qkv\.(weight|bias)")
 
 
 class SwapError(ValueError):
     """A target `swap_decoder` cannot swap, or a VAE setting the swapped decoder cannot reproduce."""
 
 
-class SwappedDecoder(nn.Module):
-    """What `vae.decoder` is after `swap_decoder`: our decoder (`.h3`), kept out of the VAE's module tree.
+class _SwapCheck(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, nn.Module) and isinstance(getattr(obj, SWAP_NAME, None), DecoderSwap)
 
-    Out of the tree, our weights are invisible to diffusers' dtype casts (`vae.to(torch.bfloat16)` would
-    break the precision recipe) and to `vae.dtype`, which reads the first decoder parameter. Device moves
-    of the VAE (`pipe.to("cuda")`, offload hooks) still reach it through `_apply`. The empty buffer has the
-    stock decoder's dtype and follows every cast, so `vae.dtype` reports what it did before the swap.
+
+class SwappedDecoder(metaclass=_SwapCheck):
+    """`isinstance(vae.decoder, SwappedDecoder)`: whether `swap_decoder` has swapped that VAE. The decoder itself
+    stays diffusers' own module (its class, weights and submodules are unchanged); the swap is its child
+    `minimax_h3`, a `DecoderSwap`."""
+
+
+class DecoderSwap(nn.Module):
+    """The swap, a child of the swapped `vae.decoder`: the run options, and our decoder built from the VAE's
+    decoder tensors as they are (`decoder_for`).
+
+    It holds no parameters or buffers, so the VAE's state_dict, save, load and casts see diffusers' decoder
+    alone. Our decoder is built again when a tensor it was built from changed: replaced, moved, cast, or
+    changed in place through torch (load_state_dict, an optimizer step). A change torch does not count (through
+    `.data`, as EMAModel.copy_to writes) is not seen: call `refresh()` after it. Any move or cast of the VAE
+    drops our decoder at once, freeing its memory where the VAE leaves. Copies and pickles carry the options.
     """
 
-    def __init__(self, h3: H3VideoDecoder, stock_dtype: torch.dtype):
+    def __init__(self, options: DecodeOptions):
         super().__init__()
-        object.__setattr__(self, "h3", h3)  # not registered: see the class docstring
-        self.register_buffer("dtype_marker", torch.empty(0, dtype=stock_dtype, device=h3.device), persistent=False)
+        self.options = options
+        self._built: tuple[tuple, H3VideoDecoder] | None = None  # (the tensors' fingerprint, our decoder)
+        self._building = threading.Lock()
 
     def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        if self.dtype_marker.device != self.h3.device:
-            self.h3.to(self.dtype_marker.device)  # device only: the recipe's dtypes stay
+        self.refresh()
         return self
 
-    def forward(self, *args, **kwargs):
-        raise RuntimeError("the swapped MiniMax-H3 decoder runs through vae.decode(z), not vae.decoder(...)")
+    def refresh(self) -> None:
+        """Drop our decoder: the next decode builds it from the VAE's tensors as they are then."""
+        self._built = None
+
+    def __getstate__(self):
+        state = {**self.__dict__, "_built": None}
+        del state["_building"]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._building = threading.Lock()
+
+    def decoder_for(self, vae: AutoencoderKLMiniMaxH3) -> H3VideoDecoder:
+        """Our decoder for `vae`'s decoder tensors as they are now, on their device (built, or the one built
+        from the same tensors before). Raises SwapError for tensors it cannot be built from."""
+        stored = vae.decoder.state_dict(prefix="decoder.")
+        stored.update(vae.post_quant_conv.state_dict(prefix="post_quant_conv."))
+        tensors = {name: tensor for name, tensor in stored.items() if not FUSED_COPIES.fullmatch(name)}
+        fingerprint = _fingerprint(tensors)
+        with self._building:
+            if self._built is None or fingerprint is None or self._built[0] != fingerprint:
+                self._built = None  # the old decoder's memory is free before the new one is built
+                self._built = (fingerprint, build_decoder(vae, tensors, self.options))
+            return self._built[1]
+
+
+def _fingerprint(tensors: dict[str, torch.Tensor]) -> tuple | None:
+    """What identifies `tensors` as they are: each one's storage, torch's count of its in-place changes, dtype
+    and device; None for inference tensors, which torch does not count (then our decoder is built per decode)."""
+    if any(t.is_inference() for t in tensors.values()):
+        return None
+    return tuple((name, t.data_ptr(), t._version, t.dtype, t.device, t.shape) for name, t in tensors.items())
+
+
+def build_decoder(
+    vae: AutoencoderKLMiniMaxH3, tensors: dict[str, torch.Tensor], options: DecodeOptions
+) -> H3VideoDecoder:
+    """Our decoder from the VAE's decoder and post_quant_conv tensors (diffusers' names), on their device, with
+    `options`; tensors already in the recipe's dtype and place are shared, not copied."""
+    first = tensors["decoder.proj_in.weight"]
+    if first.is_meta:
+        raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before decoding")
+    config = diffusers_config(dict(vae.config))
+    checkpoint = checkpoint_in_memory(tensors, config, "diffusers", "the VAE's decoder")
+    try:
+        return H3VideoDecoder.from_checkpoint(checkpoint, options.replace(device=first.device))
+    except CheckpointError as error:
+        raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be decoded by minimax_h3_vae: {error}") from None
 
 
 def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
@@ -74,22 +144,22 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     The run options are a `DecodeOptions` or its fields as keywords, as for `H3VideoDecoder.from_pretrained`:
     dtype is our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
     (default on CPU), whatever dtype the VAE was loaded in; fused, tile_batch, offload, max_gpu_memory (GiB),
-    output_rank, attention_backends, gemm, attention. The device is the stock decoder's, and the tiling follows
-    the VAE's own switches at each decode: giving either here is a SwapError (an `options.device` is replaced
-    by the VAE's).
+    output_rank, attention_backends, gemm, attention. The device is the VAE decoder's at each decode, and the
+    tiling follows the VAE's own switches at each decode: giving either here is a SwapError (an
+    `options.device` is replaced by the VAE's).
 
-    Our decoder is built on the stock decoder's device from its tensors in memory; the stock decoder is then
-    dropped, so its parameters are freed (both copies exist only while converting). Afterwards
-    `vae.decode(z, return_dict=True)` takes denormalised latents (B, 24, T, h, w) and returns a
-    `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is (B, 3, F, 16h, 16w) float32 in the
-    same ImageNet-normalised space, on our decoder's device. It honours `vae.use_tiling`, `enable_tiling(...)`
-    and `disable_tiling()` at each call, as that call's tiling (a setting we cannot reproduce exactly raises
-    `SwapError`), and also decodes T = 1 and T = 2, which the stock VAE cannot. `vae.use_slicing` is not
-    needed: `tile_batch` bounds memory. `vae.state_dict()` no longer holds the decoder: save the VAE before
-    swapping.
+    The VAE keeps diffusers' decoder and its weights (see the module docstring). The swap freezes them
+    (`requires_grad_(False)` on `vae.decoder` and `vae.post_quant_conv`), so that a decode outside
+    `torch.no_grad()` is still ours. Afterwards `vae.decode(z, return_dict=True)` takes denormalised latents
+    (B, 24, T, h, w) and returns a `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is
+    (B, 3, F, 16h, 16w) float32 in the same ImageNet-normalised space, on the decoder's device. It honours
+    `vae.use_tiling`, `enable_tiling(...)` and `disable_tiling()` at each call, as that call's tiling (a setting
+    we cannot reproduce exactly raises `SwapError`), and also decodes T = 1 and T = 2, which the stock VAE
+    cannot. When the decode must be differentiable (grad enabled, and the latents require grad or a weight of
+    the decoder was made trainable again), it runs through diffusers' own modules instead, as unswapped.
 
-    Raises SwapError for a target holding no H3 VAE, a VAE already swapped, or a config this package
-    cannot decode; the target is then left unchanged.
+    Raises SwapError for a target holding no H3 VAE, a VAE already swapped, a decoder without weights, or a
+    config this package cannot decode; the target is then left unchanged.
     """
     vae = _find_vae(target)
     if isinstance(vae.decoder, SwappedDecoder):
@@ -105,37 +175,81 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
         raise SwapError(
             f"{', '.join(set_by_vae)}: set by the VAE (its device, and enable_tiling / disable_tiling at each decode)"
         )
-    first = next(vae.decoder.parameters())
-    if first.is_meta:
-        raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before swapping")
     if options is not None and fields:
         raise SwapError(f"give either options= or the option fields {sorted(fields)}, not both")
-    options = (options or DecodeOptions(device=first.device, **fields)).replace(device=first.device)
     try:
-        config = diffusers_config(dict(vae.config))
+        diffusers_config(dict(vae.config))
     except ConfigError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
-    stock_dtype = vae.dtype
-    # Detached views of the stock tensors: converting reads them one by one, copying only what changes.
-    stock = {**vae.decoder.state_dict(prefix="decoder."), **vae.post_quant_conv.state_dict(prefix="post_quant_conv.")}
-    try:
-        h3 = H3VideoDecoder.from_checkpoint(
-            checkpoint_in_memory(stock, config, "diffusers", "the VAE's decoder"), options
-        )
-    except CheckpointError as error:
-        raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
-    del stock, first
-    vae.decoder = SwappedDecoder(h3, stock_dtype)
-    vae.decode = types.MethodType(_decode, vae)
+    device = next(vae.decoder.parameters()).device
+    options = (options or DecodeOptions(device=device, **fields)).replace(device=None)
+    swap = DecoderSwap(options)
+    swap.decoder_for(vae)  # built now: what cannot be decoded is said at the swap, and the first decode is warm
+    vae.decoder.requires_grad_(False)
+    vae.post_quant_conv.requires_grad_(False)
+    vae.decoder.add_module(SWAP_NAME, swap)
+    vae.decode = functools.partial(swapped_decode, vae)  # a partial, unlike a bound method, survives pickling
     return target
 
 
+def decoder_of(vae: AutoencoderKLMiniMaxH3) -> H3VideoDecoder:
+    """The H3VideoDecoder a swapped VAE decodes with now (built from its tensors if they changed)."""
+    return _swap_of(vae).decoder_for(vae)
+
+
 @apply_forward_hook  # lets accelerate's offload hooks move the VAE first, as for the stock decode
-def _decode(vae, z: torch.Tensor, return_dict: bool = True):
+def swapped_decode(vae: AutoencoderKLMiniMaxH3, z: torch.Tensor, return_dict: bool = True):
     """The swapped `vae.decode` (see `swap_decoder`): the VAE's tiling switches are this call's tiling."""
-    h3 = vae.decoder.h3
+    swap = _swap_of(vae)
+    if _differentiable(vae, z):
+        return AutoencoderKLMiniMaxH3.decode(vae, z, return_dict=return_dict)
+    _check_honoured(vae)
+    h3 = swap.decoder_for(vae)
     video = h3.decode(z, tiling=vae_tiling(vae, h3.config.patch_size))
     return DecoderOutput(sample=video) if return_dict else (video,)
+
+
+def _swap_of(vae) -> DecoderSwap:
+    swap = getattr(vae.decoder, SWAP_NAME, None)
+    if not isinstance(swap, DecoderSwap):
+        raise SwapError("vae.decoder was replaced after swap_decoder(vae): swap the VAE again")
+    return swap
+
+
+def _differentiable(vae: AutoencoderKLMiniMaxH3, z: torch.Tensor) -> bool:
+    """Whether this decode must carry gradients: to the latents, or to a decoder weight made trainable."""
+    if not torch.is_grad_enabled():
+        return False
+    weights = (*vae.decoder.parameters(), *vae.post_quant_conv.parameters())
+    return z.requires_grad or any(w.requires_grad for w in weights)
+
+
+def _check_honoured(vae: AutoencoderKLMiniMaxH3) -> None:
+    """SwapError for what the VAE's modules were given that our decode cannot honour: it computes the
+    decoder's functions itself, so a hook on a module or an attention processor or backend would be skipped."""
+    modules = [("post_quant_conv", vae.post_quant_conv)] + [
+        (f"decoder.{name}" if name else "decoder", module)
+        for name, module in vae.decoder.named_modules()
+        if not isinstance(module, DecoderSwap)
+    ]
+    for name, module in modules:
+        diffusers_hooks = set(getattr(getattr(module, "_diffusers_hook", None), "hooks", {})) - HONOURED_HOOKS
+        torch_hooks = module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+        if torch_hooks or diffusers_hooks or hasattr(module, "_hf_hook"):
+            raise SwapError(
+                f"{name} has a hook ({', '.join(sorted(diffusers_hooks)) or 'forward/backward or accelerate'}), "
+                "which minimax_h3_vae's decode would not run (it does not call diffusers' decoder modules): "
+                "remove it, or offload the whole VAE (enable_model_cpu_offload) rather than its modules"
+            )
+        if isinstance(module, AttentionModuleMixin):
+            processor = module.get_processor()
+            backend = getattr(processor, "_attention_backend", None)
+            if type(processor) is not module._default_processor_cls or backend is not None:
+                raise SwapError(
+                    f"{name} has another attention processor or backend ({type(processor).__name__}, "
+                    f"backend {backend}), which minimax_h3_vae's decode would not use: give ours with "
+                    "swap_decoder(vae, attention=...) and reset diffusers' with vae.set_default_attn_processor()"
+                )
 
 
 def vae_tiling(vae, patch_size: int) -> Tiling:
