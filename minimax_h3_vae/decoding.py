@@ -67,6 +67,17 @@ class H3VideoDecoder(H3Decoder):
         self._streamer: BlockStreamer | None = None
         self._streamer_made = threading.Lock()  # one streamer, whichever thread asks first
 
+    def __getstate__(self):
+        """What a copy or a pickle carries: the weights and run settings. The ops and the block streamer hold
+        compiled kernels, CUDA streams and a lock, so a copy makes its own on first use."""
+        state = {**self.__dict__, "_ops": {}, "_streamer": None}
+        del state["_streamer_made"]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._streamer_made = threading.Lock()
+
     @classmethod
     def from_pretrained(
         cls,

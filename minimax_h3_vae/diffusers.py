@@ -233,13 +233,17 @@ def _check_honoured(vae: AutoencoderKLMiniMaxH3) -> None:
         if not isinstance(module, DecoderSwap)
     ]
     for name, module in modules:
-        diffusers_hooks = set(getattr(getattr(module, "_diffusers_hook", None), "hooks", {})) - HONOURED_HOOKS
-        torch_hooks = module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-        if torch_hooks or diffusers_hooks or hasattr(module, "_hf_hook"):
+        if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
             raise SwapError(
-                f"{name} has a hook ({', '.join(sorted(diffusers_hooks)) or 'forward/backward or accelerate'}), "
-                "which minimax_h3_vae's decode would not run (it does not call diffusers' decoder modules): "
-                "remove it, or offload the whole VAE (enable_model_cpu_offload) rather than its modules"
+                f"{name} has a forward or backward hook, which minimax_h3_vae's decode would not run (it computes "
+                "the decoder itself, without calling diffusers' modules): remove the hook before decoding"
+            )
+        offload = set(getattr(getattr(module, "_diffusers_hook", None), "hooks", {})) - HONOURED_HOOKS
+        if offload or hasattr(module, "_hf_hook"):
+            raise SwapError(
+                f"{name} has diffusers' or accelerate's hooks ({', '.join(sorted(offload)) or 'accelerate'}), "
+                "which minimax_h3_vae's decode would not run: offload the whole VAE (enable_model_cpu_offload) "
+                "rather than the decoder's modules, or choose ours with swap_decoder(vae, offload='blocks')"
             )
         if isinstance(module, AttentionModuleMixin):
             processor = module.get_processor()
@@ -247,8 +251,9 @@ def _check_honoured(vae: AutoencoderKLMiniMaxH3) -> None:
             if type(processor) is not module._default_processor_cls or backend is not None:
                 raise SwapError(
                     f"{name} has another attention processor or backend ({type(processor).__name__}, "
-                    f"backend {backend}), which minimax_h3_vae's decode would not use: give ours with "
-                    "swap_decoder(vae, attention=...) and reset diffusers' with vae.set_default_attn_processor()"
+                    f"backend {backend}), which minimax_h3_vae's decode would not use: choose ours with "
+                    "swap_decoder(vae, attention=...), and put diffusers' back with vae.reset_attention_backend() "
+                    "and vae.set_attn_processor(MiniMaxH3VideoAttnProcessor())"
                 )
 
 

@@ -8,7 +8,9 @@ order 1; a wrong tile plan or blend moves values by 1e-2 and more (checked below
 
 from __future__ import annotations
 
+import copy
 import gc
+import pickle
 import types
 import weakref
 
@@ -16,13 +18,15 @@ import pytest
 import torch
 from checkpoints import random_diffusers_vae
 from diffusers import AutoencoderKL
+from diffusers.models.attention_processor import AttnProcessor
+from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoAttnProcessor
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.modular_pipelines.minimax_h3.decoders import MiniMaxH3VideoDecodeStep
 
 from minimax_h3_vae import H3VideoDecoder, Tiling
 from minimax_h3_vae.checkpoints import checkpoint_in_memory
 from minimax_h3_vae.checkpoints.diffusers import diffusers_config
-from minimax_h3_vae.diffusers import SwapError, SwappedDecoder, swap_decoder
+from minimax_h3_vae.diffusers import SwapError, SwappedDecoder, decoder_of, swap_decoder
 
 ATOL = 1e-5
 
@@ -146,29 +150,150 @@ def test_encode_and_the_rest_untouched():
     assert vae.post_quant_conv.weight.shape == (24, 24, 1, 1, 1)
 
 
-def test_stock_decoder_parameters_released():
-    vae = random_diffusers_vae(seed=0)
-    total = sum(p.numel() for p in vae.parameters())
-    stock_decoder = sum(p.numel() for p in vae.decoder.parameters())
-    post_quant_conv = sum(p.numel() for p in vae.post_quant_conv.parameters())
-    alive = [weakref.ref(p) for p in vae.decoder.parameters()]
-    swap_decoder(vae)
+def test_the_vae_keeps_its_modules():
+    """Bug: the swap dropped diffusers' decoder, so state_dict, save_pretrained, processors and hooks found none."""
+    stock, vae = random_diffusers_vae(seed=0), swap_decoder(random_diffusers_vae(seed=0))
+    assert isinstance(vae.decoder, SwappedDecoder) and not isinstance(stock.decoder, SwappedDecoder)
+    assert type(vae.decoder) is type(stock.decoder)
+    expected, got = stock.state_dict(), vae.state_dict()
+    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+    assert len(vae.attn_processors) == len(stock.attn_processors) == 2
+    assert not any(p.requires_grad for p in (*vae.decoder.parameters(), *vae.post_quant_conv.parameters()))
+    assert all(p.requires_grad for p in vae.encoder.parameters())
+
+
+def test_save_pretrained_reloads_to_the_same_decode(tmp_path):
+    """Bug: save_pretrained of a swapped VAE wrote none of the decoder's tensors, silently."""
+    vae = swap_decoder(random_diffusers_vae(seed=0))
+    vae.save_pretrained(tmp_path)
+    reloaded = type(vae).from_pretrained(tmp_path)
+    assert set(reloaded.state_dict()) == set(random_diffusers_vae(seed=0).state_dict())
+    z = latents((7, 18, 20), seed=5)
+    assert torch.equal(swap_decoder(reloaded).decode(z).sample, vae.decode(z).sample)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+def test_copies_and_pickles(tmp_path, how):
+    """Bug: deepcopy, pickle and torch.save of a swapped VAE (and of H3VideoDecoder) raised on a thread lock."""
+    vae = swap_decoder(random_diffusers_vae(seed=0), tile_batch=2)
+
+    def copied(obj):
+        if how == "deepcopy":
+            return copy.deepcopy(obj)
+        if how == "pickle":
+            return pickle.loads(pickle.dumps(obj))
+        torch.save(obj, tmp_path / "saved.pt")
+        return torch.load(tmp_path / "saved.pt", weights_only=False)
+
+    z = latents((7, 18, 20), seed=6)
+    twin = copied(vae)
+    assert isinstance(twin.decoder, SwappedDecoder) and decoder_of(twin).tile_batch == 2
+    assert torch.equal(twin.decode(z).sample, vae.decode(z).sample)
+    ours = decoder_of(vae)
+    assert torch.equal(copied(ours).decode(z), ours.decode(z))
+
+
+def test_weights_changed_after_the_swap_are_decoded():
+    """A load_state_dict or an optimizer-style in-place change is what the next decode uses; a change through
+    .data (which torch does not count) after refresh()."""
+    vae, other = swap_decoder(random_diffusers_vae(seed=0)), random_diffusers_vae(seed=1)
+    z = latents((7, 4, 6), seed=7)
+    vae.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        expected = other.decode(z).sample
+    assert (vae.decode(z).sample - expected).abs().max() <= ATOL
+    with torch.no_grad():
+        vae.decoder.transformer_blocks[0].attn.to_q.weight.mul_(2)
+        other.decoder.transformer_blocks[0].attn.to_q.weight.mul_(2)
+        expected = other.decode(z).sample
+    assert (vae.decode(z).sample - expected).abs().max() <= ATOL
+    vae.decoder.transformer_blocks[1].ff.net[0].proj.weight.data.mul_(2)
+    other.decoder.transformer_blocks[1].ff.net[0].proj.weight.data.mul_(2)
+    with torch.no_grad():
+        expected = other.decode(z).sample
+    vae.decoder.minimax_h3.refresh()
+    assert (vae.decode(z).sample - expected).abs().max() <= ATOL
+
+
+def test_a_move_or_cast_frees_our_decoder():
+    vae = swap_decoder(random_diffusers_vae(seed=0))
+    built = weakref.ref(decoder_of(vae))
+    vae.float()
     gc.collect()
-    assert stock_decoder > 0.9 * total  # the count below would notice a decoder left in place
-    assert sum(p.numel() for p in vae.parameters()) == total - stock_decoder
-    assert not any(True for _ in vae.decoder.parameters())
-    assert [r for r in alive if r() is not None] == []
-    ours = vae.decoder.h3
-    assert sum(p.numel() for p in ours.parameters()) == stock_decoder + post_quant_conv
+    assert built() is None
+    vae.to(torch.bfloat16)  # a cast changes what vae.dtype reports and the weights read, not the recipe
+    assert vae.dtype == torch.bfloat16 and decoder_of(vae).compute_dtype == torch.float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_moving_the_vae_off_the_gpu_frees_our_decoder():
+    vae = swap_decoder(random_diffusers_vae(seed=0).to("cuda"))
+    vae.decode(latents((7, 4, 6)).cuda())
+    vae.to("cpu")
+    gc.collect()
+    assert torch.cuda.memory_allocated() == 0
 
 
 def test_precision_recipe_and_runtime_options():
     vae = swap_decoder(random_diffusers_vae(seed=0), tile_batch=2, attention_backends=("MATH",))
-    h3 = vae.decoder.h3
+    h3 = decoder_of(vae)
     assert h3.compute_dtype == torch.float32 and h3.tile_batch == 2 and h3.runtime.attention_backends == ("MATH",)
-    vae.to(torch.bfloat16)  # a later cast changes what vae.dtype reports, not the recipe
-    assert vae.dtype == torch.bfloat16 and h3.compute_dtype == torch.float32
-    assert swap_decoder(random_diffusers_vae(seed=0), dtype="fp16").decoder.h3.compute_dtype == torch.float16
+    assert decoder_of(swap_decoder(random_diffusers_vae(seed=0), dtype="fp16")).compute_dtype == torch.float16
+
+
+@pytest.mark.parametrize("trainable", ["latents", "decoder"])
+def test_differentiable_decodes_run_diffusers_modules(trainable):
+    """Bug: the decode never required grad, so loss.backward() failed far from the cause. With grad enabled,
+    latents that require grad or a decoder made trainable again decode through diffusers' modules: the
+    gradients are the stock VAE's."""
+    stock, vae = random_diffusers_vae(seed=0), swap_decoder(random_diffusers_vae(seed=0))
+    z = latents((7, 4, 6), seed=8)
+    grads = []
+    for model in (stock, vae):
+        model.zero_grad()
+        if trainable == "decoder":
+            model.decoder.requires_grad_(True)
+        x = z.clone().requires_grad_(trainable == "latents")
+        model.decode(x).sample.square().mean().backward()
+        weight = model.decoder.transformer_blocks[0].attn.to_q.weight
+        grads.append(x.grad if trainable == "latents" else weight.grad)
+    assert grads[0].abs().max() > 0
+    assert torch.equal(grads[1], grads[0])
+
+
+def test_hooks_and_processors_it_cannot_honour_are_refused():
+    """Bug: a forward hook on vae.decoder never fired and set_attention_backend was accepted and did nothing."""
+    vae = swap_decoder(random_diffusers_vae(seed=0))
+    z = latents((7, 4, 6))
+    expected = vae.decode(z).sample
+    handle = vae.decoder.transformer_blocks[0].register_forward_hook(lambda *args: None)
+    with pytest.raises(SwapError, match="decoder.transformer_blocks.0 has a forward or backward hook"):
+        vae.decode(z)
+    handle.remove()
+    vae.set_attention_backend("native")
+    with pytest.raises(SwapError, match="attention processor or backend"):
+        vae.decode(z)
+    vae.reset_attention_backend()
+    vae.set_attn_processor(AttnProcessor())
+    with pytest.raises(SwapError, match=r"reset_attention_backend\(\)"):
+        vae.decode(z)
+    vae.set_attn_processor(MiniMaxH3VideoAttnProcessor())
+    assert torch.equal(vae.decode(z).sample, expected)
+
+
+def test_layerwise_casting_is_honoured():
+    """enable_layerwise_casting stores the decoder's weights in float8; ours decodes the values they round to,
+    as diffusers' decoder does (its hooks cast them up to float32 for each forward)."""
+    stock, vae = random_diffusers_vae(seed=0), swap_decoder(random_diffusers_vae(seed=0))
+    for model in (stock, vae):
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    assert vae.decoder.transformer_blocks[0].attn.to_q.weight.dtype == torch.float8_e4m3fn
+    z = latents((7, 18, 20), seed=9)
+    with torch.no_grad():
+        expected = stock.decode(z).sample
+    unrounded = random_diffusers_vae(seed=0).decode(z).sample
+    assert (unrounded - expected).abs().max() > 100 * ATOL, "float8 storage must change the decode"
+    assert (vae.decode(z).sample - expected).abs().max() <= ATOL
 
 
 def test_not_an_h3_vae():

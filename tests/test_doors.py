@@ -16,7 +16,7 @@ from minimax_h3_vae import H3VideoDecoder, Tiling, comfyui, denormalize_latents,
 from minimax_h3_vae.comfyui import NODE_CLASS_MAPPINGS, PATH_CHOICE
 from minimax_h3_vae.command.flags import parse_args
 from minimax_h3_vae.command.preflight import prepare
-from minimax_h3_vae.diffusers import swap_decoder, vae_tiling
+from minimax_h3_vae.diffusers import decoder_of, swap_decoder, vae_tiling
 from minimax_h3_vae.runtime import GIB, resolve_call
 
 # ---- imports run one way --------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_same_options_same_settings_at_every_door(layouts, tmp_path):
     flags += ["--tile-batch", "3", "--offload", "none", "--max-gpu-memory", "2"]
     assert through_the_command(layouts, tmp_path, flags) == api
     vae = swap_decoder(random_diffusers_vae(seed=0), **{k: v for k, v in options.items() if k != "device"})
-    h3 = vae.decoder.h3
+    h3 = decoder_of(vae)
     assert settings(h3, resolve_call(h3.runtime, h3.config, tiling=vae_tiling(vae, 16))) == api
 
 
@@ -97,7 +97,7 @@ def test_the_nodes_resolve_like_the_other_doors(layouts, tmp_path):
     assert nodes == through_the_command(layouts, tmp_path, flags)
     # The swap builds on the VAE's device: put the VAE where the other doors put the decoder.
     vae = swap_decoder(random_diffusers_vae(seed=0).to(node.decoder.device), fused=False, tile_batch=3)
-    h3 = vae.decoder.h3
+    h3 = decoder_of(vae)
     assert nodes == settings(h3, resolve_call(h3.runtime, h3.config, tiling=vae_tiling(vae, 16)))
 
 
@@ -107,7 +107,7 @@ def test_the_nodes_resolve_like_the_other_doors(layouts, tmp_path):
 def test_swap_max_gpu_memory_is_gib():
     """Bug: swap_decoder(vae, max_gpu_memory=8) stored 8 bytes (from_pretrained reads GiB)."""
     vae = swap_decoder(random_diffusers_vae(seed=0), max_gpu_memory=8)
-    assert vae.decoder.h3.runtime.max_gpu_memory == 8 * GIB
+    assert decoder_of(vae).runtime.max_gpu_memory == 8 * GIB
 
 
 def test_swap_offload_auto_and_blocks(one_thread):
@@ -115,14 +115,14 @@ def test_swap_offload_auto_and_blocks(one_thread):
     z = torch.randn(1, 24, 3, 4, 6, generator=torch.Generator().manual_seed(1))
     auto = swap_decoder(random_diffusers_vae(seed=0), offload="auto", tile_batch=1)
     blocks = swap_decoder(random_diffusers_vae(seed=0), offload="blocks", tile_batch=1)
-    assert auto.decoder.h3.runtime.offload == "none" and blocks.decoder.h3.runtime.offload == "blocks"
+    assert decoder_of(auto).runtime.offload == "none" and decoder_of(blocks).runtime.offload == "blocks"
     assert torch.equal(blocks.decode(z).sample, auto.decode(z).sample), "layer-major, bit for bit"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_swap_offload_blocks_keeps_the_linears_in_host_memory():
     vae = swap_decoder(random_diffusers_vae(seed=0).to("cuda"), offload="blocks")
-    linears = [p for name, p in vae.decoder.h3.named_parameters() if ".attn.to_" in name or ".ff.w" in name]
+    linears = [p for name, p in decoder_of(vae).named_parameters() if ".attn.to_" in name or ".ff.w" in name]
     assert linears and all(p.device.type == "cpu" and p.is_pinned() for p in linears)
 
 

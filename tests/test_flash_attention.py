@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from checkpoints import random_diffusers_vae
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, comfyui, fused
-from minimax_h3_vae.diffusers import swap_decoder
+from minimax_h3_vae.diffusers import decoder_of, swap_decoder
 from minimax_h3_vae.fused import flash_attention, quack_common
 from minimax_h3_vae.runtime import check_machine, resolve_attention
 
@@ -72,7 +72,7 @@ def test_nodes_and_swap_take_the_option_through_decode_options():
     with pytest.raises(ValueError, match="attention 'fa4' needs a Hopper GPU"):
         swap_decoder(random_diffusers_vae(seed=0), attention="fa4")
     vae = swap_decoder(random_diffusers_vae(seed=0), attention="sdpa")
-    assert vae.decoder.h3.runtime.attention == "sdpa"
+    assert decoder_of(vae).runtime.attention == "sdpa"
 
 
 # ---- the launcher's contract, the fallback and the block ------------------------------------------------
