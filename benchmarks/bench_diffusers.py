@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import CLIP_SHAPE, UNIT_SHAPE, random_latents, random_released_vae, run_info, timed  # noqa: E402
 
-from minimax_h3_vae.diffusers import swap_decoder  # noqa: E402
+from minimax_h3_vae.diffusers import decoder_of, swap_decoder  # noqa: E402
 
 UNITS = {"unit": (UNIT_SHAPE, 1), "clip": (CLIP_SHAPE, 14)}  # latents shape, temporal units in it
 
@@ -72,6 +72,12 @@ def main() -> None:
     bf16 = as_pipeline_loads(random_released_vae(seed=0), torch.bfloat16)
     swapped_fp32 = swap_decoder(random_released_vae(seed=0))
     swapped_bf16 = swap_decoder(as_pipeline_loads(random_released_vae(seed=0), torch.bfloat16))
+
+    for name, vae in {"fp32-loaded": swapped_fp32, "bf16-loaded": swapped_bf16}.items():
+        stock_bytes = sum(p.numel() * p.element_size() for p in vae.decoder.parameters())
+        ours = decoder_of(vae).device_bytes()
+        info[f"swapped {name}: GiB held"] = {"diffusers' decoder": stock_bytes / 2**30, "ours": ours / 2**30}
+        print(f"swapped, {name}: diffusers' decoder {stock_bytes / 2**30:.2f} GiB + ours {ours / 2**30:.2f} GiB")
 
     variants = {  # name: (VAE, fp16 autocast)
         "stock bf16": (bf16, False),
