@@ -38,8 +38,8 @@ except ImportError as error:  # not installed, or a release without MiniMax-H3 (
         f"minimax_h3_vae.diffusers needs diffusers 0.42 or newer ({error}): {DIFFUSERS_EXTRA}", name=error.name
     ) from None
 
-# The run options swap_decoder takes: the VAE sets the device and, at each decode, the tiling.
-SWAP_OPTIONS = tuple(name for name in OPTION_NAMES if name not in ("device", "tiling"))
+# The run options swap_decoder takes: the VAE's switches set the tiling, at each decode.
+SWAP_OPTIONS = tuple(name for name in OPTION_NAMES if name != "tiling")
 # The child of the swapped `vae.decoder` that holds the swap.
 SWAP_NAME = "minimax_h3"
 # diffusers' hooks our decode honours: layerwise casting stores weights in a narrower dtype, which our decoder
@@ -100,8 +100,8 @@ class DecoderSwap(nn.Module):
         self._building = threading.Lock()
 
     def decoder_for(self, vae: AutoencoderKLMiniMaxH3) -> H3VideoDecoder:
-        """Our decoder for `vae`'s decoder tensors as they are now, on their device (built, or the one built
-        from the same tensors before). Raises SwapError for tensors it cannot be built from."""
+        """Our decoder for `vae`'s decoder tensors as they are now, on the options' device or else theirs
+        (built, or the one built from the same tensors before). Raises SwapError for tensors it cannot be built from."""
         stored = vae.decoder.state_dict(prefix="decoder.")
         stored.update(vae.post_quant_conv.state_dict(prefix="post_quant_conv."))
         tensors = {name: tensor for name, tensor in stored.items() if not FUSED_COPIES.fullmatch(name)}
@@ -124,15 +124,16 @@ def _fingerprint(tensors: dict[str, torch.Tensor]) -> tuple | None:
 def build_decoder(
     vae: AutoencoderKLMiniMaxH3, tensors: dict[str, torch.Tensor], options: DecodeOptions
 ) -> H3VideoDecoder:
-    """Our decoder from the VAE's decoder and post_quant_conv tensors (diffusers' names), on their device, with
-    `options`; tensors already in the recipe's dtype and place are shared, not copied."""
+    """Our decoder from the VAE's decoder and post_quant_conv tensors (diffusers' names) with `options`, on
+    their device when `options.device` is None; tensors already in the recipe's dtype and place are shared."""
     first = tensors["decoder.proj_in.weight"]
     if first.is_meta:
         raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before decoding")
     config = diffusers_config(dict(vae.config))
     checkpoint = checkpoint_in_memory(tensors, config, "diffusers", "the VAE's decoder")
     try:
-        return H3VideoDecoder.from_checkpoint(checkpoint, options.replace(device=first.device))
+        device = first.device if options.device is None else options.device
+        return H3VideoDecoder.from_checkpoint(checkpoint, options.replace(device=device))
     except CheckpointError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be decoded by minimax_h3_vae: {error}") from None
 
@@ -144,15 +145,16 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     The run options are a `DecodeOptions` or its fields as keywords, as for `H3VideoDecoder.from_pretrained`:
     dtype is our precision recipe, `"fp16"` (default on CUDA: block linears fp16, the rest fp32) or `"fp32"`
     (default on CPU), whatever dtype the VAE was loaded in; fused, tile_batch, offload, max_gpu_memory (GiB),
-    output_rank, attention_backends, gemm, attention. The device is the VAE decoder's at each decode, and the
-    tiling follows the VAE's own switches at each decode: giving either here is a SwapError (an
-    `options.device` is replaced by the VAE's).
+    output_rank, attention_backends, gemm, attention; and device, where ours decodes: by default (None) the
+    device of the VAE's decoder at each decode; given, ours lives there wherever the VAE is (a VAE kept on the
+    CPU with device="cuda" leaves only ours on the GPU). The tiling follows the VAE's own switches at each
+    decode: giving it here is a SwapError.
 
     The VAE keeps diffusers' decoder and its weights (see the module docstring). The swap freezes them
     (`requires_grad_(False)` on `vae.decoder` and `vae.post_quant_conv`), so that a decode outside
     `torch.no_grad()` is still ours. Afterwards `vae.decode(z, return_dict=True)` takes denormalised latents
     (B, 24, T, h, w) and returns a `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is
-    (B, 3, F, 16h, 16w) float32 in the same ImageNet-normalised space, on the decoder's device. It honours
+    (B, 3, F, 16h, 16w) float32 in the same ImageNet-normalised space, on our decoder's device. It honours
     `vae.use_tiling`, `enable_tiling(...)` and `disable_tiling()` at each call, as that call's tiling (a setting
     we cannot reproduce exactly raises `SwapError`), and also decodes T = 1 and T = 2, which the stock VAE
     cannot. When the decode must be differentiable (grad enabled, and the latents require grad or a weight of
@@ -170,19 +172,15 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
             f"options must be a minimax_h3_vae.DecodeOptions, got {type(options).__name__}; or give its fields "
             "as keywords (swap_decoder(pipe, tile_batch=4))"
         )
-    set_by_vae = sorted({"device", "tiling"} & set(fields)) + (["tiling"] if options and options.tiling else [])
-    if set_by_vae:
-        raise SwapError(
-            f"{', '.join(set_by_vae)}: set by the VAE (its device, and enable_tiling / disable_tiling at each decode)"
-        )
+    if "tiling" in fields or (options is not None and options.tiling):
+        raise SwapError("tiling: set by the VAE's own switches (enable_tiling / disable_tiling) at each decode")
     if options is not None and fields:
         raise SwapError(f"give either options= or the option fields {sorted(fields)}, not both")
     try:
         diffusers_config(dict(vae.config))
     except ConfigError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
-    device = next(vae.decoder.parameters()).device
-    options = (options or DecodeOptions(device=device, **fields)).replace(device=None)
+    options = options or DecodeOptions(**fields)
     swap = DecoderSwap(options)
     swap.decoder_for(vae)  # built now: what cannot be decoded is said at the swap, and the first decode is warm
     vae.decoder.requires_grad_(False)

@@ -237,6 +237,21 @@ def test_moving_the_vae_off_the_gpu_frees_our_decoder():
     assert torch.cuda.memory_allocated() == before
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_vae_on_the_cpu_decodes_on_the_gpu_given():
+    """swap_decoder(vae, device="cuda") with the VAE on the CPU: the GPU holds ours alone, and it decodes as a
+    swap of the VAE on the GPU does."""
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    vae = swap_decoder(random_diffusers_vae(seed=0), device="cuda")
+    ours = decoder_of(vae)
+    assert ours.device.type == "cuda" and vae.device.type == "cpu"
+    assert torch.cuda.memory_allocated() - before == ours.device_bytes()
+    z = latents((7, 18, 20))
+    expected = swap_decoder(random_diffusers_vae(seed=0).to("cuda")).decode(z.cuda()).sample
+    assert torch.equal(vae.decode(z).sample, expected)
+
+
 def test_precision_recipe_and_runtime_options():
     vae = swap_decoder(random_diffusers_vae(seed=0), tile_batch=2, attention_backends=("MATH",))
     h3 = decoder_of(vae)
