@@ -1,11 +1,14 @@
 """The wheel, as `pip install .` builds it from this checkout, holds the whole package: every file under
-minimax_h3_vae/ (each module of each subpackage, and any data file beside them), and the console script."""
+minimax_h3_vae/ (each module of each subpackage, and any data file beside them), and the console script. Each
+dependency's declared floor is the version .ci/run's wheel venv installs."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -52,3 +55,30 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     missing = sorted(expected - names)
     assert not missing, f"missing from the wheel: {missing}"
     assert "[console_scripts]\nminimax-h3-decode = minimax_h3_vae.command.main:console_main" in scripts
+
+
+def release(version: str) -> tuple[int, ...]:
+    """'0.25.0' -> (0, 25): equal releases compare equal however many trailing zeros they are written with."""
+    parts = [int(part) for part in version.split(".")]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_declared_floor_is_the_one_ci_installs():
+    """.ci/run installs the wheel with `video` under .ci/floors.txt's constraints: a dependency without a
+    floor, or a floor the file does not pin, would be a promise no run tests."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {}
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["video"]]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement.replace(" ", ""))
+        assert match, f"{requirement}: no floor (>=)"
+        declared[normalized(match[1])] = release(match[2])
+    lines = (REPO / ".ci" / "floors.txt").read_text().splitlines()
+    pinned = [line.split("==") for line in lines if line.strip() and not line.startswith("#")]
+    assert declared.pop("torch") == (2, 11)  # the GPU suite's torch; CI's index serves 2.13.0 only
+    assert {normalized(name): release(version) for name, version in pinned} == declared
