@@ -16,7 +16,7 @@ from pathlib import Path
 from hub_cache import add_repo
 from repo import EXAMPLE_LATENTS, REPO, TINY
 
-DEPENDENCIES = ("torch", "numpy", "safetensors", "huggingface_hub", "tqdm")
+DEPENDENCIES = ("torch", "numpy", "safetensors", "huggingface_hub", "tqdm", "imageio-ffmpeg")
 
 
 def same_weights(hub, local) -> None:

@@ -70,11 +70,13 @@ def normalized(name: str) -> str:
 
 
 def test_every_declared_floor_is_the_one_ci_installs():
-    """.ci/run installs the wheel with `video` under .ci/floors.txt's constraints: a dependency without a
-    floor, or a floor the file does not pin, would be a promise no run tests."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    """.ci/run builds the sdist and the wheel, and installs the wheel with `video`, under .ci/floors.txt's
+    constraints: a dependency without a floor, or a floor the file does not pin, would be a promise no run tests."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    requirements = [*pyproject["build-system"]["requires"], *project["dependencies"]]
     declared = {}
-    for requirement in [*project["dependencies"], *project["optional-dependencies"]["video"]]:
+    for requirement in [*requirements, *project["optional-dependencies"]["video"]]:
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement.replace(" ", ""))
         assert match, f"{requirement}: no floor (>=)"
         declared[normalized(match[1])] = release(match[2])
