@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 from repo import REPO
@@ -36,8 +35,6 @@ def test_the_readme_first_output_is_ignored_by_git():
 def test_numpy_is_a_core_dependency():
     """torch prints "Failed to initialize NumPy" on every run of an install without numpy; the latents reader
     uses it too: it is a core dependency, not only the video extra's."""
-    if sys.version_info < (3, 11):
-        pytest.skip("tomllib is Python 3.11's")
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
