@@ -273,8 +273,9 @@ class H3VideoDecoder(H3Decoder):
     def decode(self, z: torch.Tensor, progress: Progress | None = None, **options) -> torch.Tensor | None:
         """Raw (denormalised) latents (B, 24, T, h, w) -> video (B, 3, F, 16h, 16w), float32, in the
         ImageNet-normalised space (see `to_unit_rgb`). F = 1 for T = 1, 5 for T = 2, else 17n + 5 for
-        T = 5n + 2 (tails padded and cut as released). Under torch.distributed every rank must call it with
-        the same latents; each gets the whole video, or None on ranks other than `output_rank` when set."""
+        T = 5n + 2 (tails padded and cut as released). One video (24, T, h, w) is refused (ValueError): give
+        it its batch axis, z[None]. Under torch.distributed every rank must call it with the same latents;
+        each gets the whole video, or None on ranks other than `output_rank` when set."""
         chunks = list(self.decode_stream(z, progress, **options))
         return None if chunks[0] is None else torch.cat(chunks, dim=2)
 

@@ -57,7 +57,10 @@ def check_latents(z: torch.Tensor, channels: int | None) -> None:
     if not isinstance(z, torch.Tensor):
         raise ValueError(f"latents must be a torch.Tensor, got {type(z).__name__}")
     if z.ndim != 5:
-        raise ValueError(f"latents must be {layout}, got shape {tuple(z.shape)}")
+        # One video (C, T, h, w), as denormalize_latents and save_latents take it, still needs its batch axis
+        # here: the decoders' output always has one.
+        hint = "; add the batch dimension: z[None] / z.unsqueeze(0)" if z.ndim == 4 else ""
+        raise ValueError(f"latents must be {layout}, got shape {tuple(z.shape)}{hint}")
     if channels is not None and z.shape[1] != channels:
         raise ValueError(
             f"latents have {z.shape[1]} channels, the decoder takes {channels} "
@@ -200,12 +203,13 @@ def save_latents(
     (docs/audio.md, "Latents files"): N = round(F / fps * 40) for the F frames of T latents at `fps` (24 when
     None), as the release makes them. Any other layout is a ValueError naming the expected shape.
 
+    path: a name ending in `.safetensors`, in a folder that exists. The latents must have H3's 24 channels.
     An existing file is replaced only by the complete new one, and keeps its permission bits; a new one gets
     those of a new file. Returns the path written."""
     shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else None
     if shape is None or len(shape) not in (4, 5) or (len(shape) == 5 and shape[0] != 1):
         raise ValueError(f"save_latents writes one video, (C, T, h, w) or (1, C, T, h, w); got shape {shape}")
-    check_latents(latents.reshape(1, *shape[-4:]), channels=None)
+    check_latents(latents.reshape(1, *shape[-4:]), channels=H3DecoderConfig().latent_channels)
     metadata = {}
     if fps is not None:
         if not isinstance(fps, numbers.Real) or isinstance(fps, bool):  # numpy's scalars are Real too
@@ -220,16 +224,30 @@ def save_latents(
     if audio_latents is not None:
         tensors[AUDIO_KEY] = _checked_audio(audio_latents, shape[-3], float(metadata.get("fps", DEFAULT_FPS)))
         metadata[AUDIO_RATE_KEY] = str(RELEASED_AUDIO.sample_rate)
-    path = resolve_output(Path(os.fspath(path)))  # a symbolic link is written through
+    path = Path(os.fspath(path))
+    if path.suffix.lower() != ".safetensors":
+        raise ValueError(
+            f"{shown(path)}: save_latents writes a .safetensors file, what minimax-h3-decode reads; give a name "
+            f"ending in .safetensors, like {shown(path.with_suffix('.safetensors'))}"
+        )
+    path = resolve_output(path)  # a symbolic link is written through
     if path.is_dir():
         raise ValueError(f"{shown(path)}: is a folder; give a file name")
+    if not path.parent.is_dir():
+        there = "is not a folder" if path.parent.exists() else "the folder does not exist; create it first"
+        raise ValueError(f"{shown(path.parent)}: {there}")
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask  # what open() gives a new file (the library writes its files 0600)
-    temp = create_temp(path)
+    try:
+        temp = create_temp(path)
+    except OSError as error:
+        raise ValueError(
+            f"{shown(path.parent)}: cannot create a file there ({error.strerror}); choose a writable folder"
+        ) from None
     try:
         save_file(tensors, str(temp), metadata=metadata or None)
         os.chmod(temp, mode)

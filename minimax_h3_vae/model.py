@@ -3,7 +3,7 @@ batch of tiles.
 
 Module names equal the original release's keys, so the original checkpoint loads as an identity map
 (docs/decoder.md section 2). Nothing here loops over time or space or decides how to run: the decode loops
-(windows, tile calls, the layer-major loop) are in decoding.py, and loading the weights in loading.py.
+(windows, tile calls, the layer-major loop) are in decoding.py, and loading the weights in weights.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ open, down to the kernel of each op (`Runtime.kernels`), and nothing reads the e
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 from . import fused, memory, sdpa
 from .config import H3DecoderConfig
 from .fused import EAGER_KERNELS, Kernels
+from .text import nearest
 from .tiling import RELEASE_TILING, Tiling
 
 # SDPA backends in order of preference (names of torch.nn.attention.SDPBackend; sdpa.py runs them per call).
@@ -226,8 +226,8 @@ def check_option_names(names, valid: tuple[str, ...], door: str = "per call (dec
         return
     described = []
     for name in unknown:
-        near = difflib.get_close_matches(str(name), [*valid, *OPTION_NAMES], n=1, cutoff=0.6)
-        described.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        near = nearest(str(name), [*valid, *OPTION_NAMES])
+        described.append(f"{name!r}" + (f" (did you mean {near!r}?)" if near else ""))
     raise ValueError(
         f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(described)}; the options {door} are "
         f"{', '.join(valid)}"
@@ -299,8 +299,8 @@ def _check_backends(value) -> tuple[str, ...] | None:
     names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else ()
     unknown = [name for name in names if not isinstance(name, str) or name not in ATTENTION_BACKENDS]
     if not names or unknown:
-        near = [difflib.get_close_matches(n.upper(), ATTENTION_BACKENDS, n=1) for n in unknown if isinstance(n, str)]
-        hint = "; did you mean " + ", ".join(repr(n[0]) for n in near if n) + "?" if any(near) else ""
+        near = [nearest(n.upper(), ATTENTION_BACKENDS) for n in unknown if isinstance(n, str)]
+        hint = "; did you mean " + ", ".join(repr(n) for n in near if n) + "?" if any(near) else ""
         raise ValueError(
             f"attention_backends must name SDPA backends from {ATTENTION_BACKENDS}, most preferred first, "
             f"got {value!r}{hint}"

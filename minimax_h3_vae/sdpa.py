@@ -22,7 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Most preferred first: cuDNN is the fastest on Hopper for S = 1797, D = 64 (benchmarks/RESULTS.md, run 8).
+# Most preferred first: cuDNN is the fastest on Hopper for S = 1797, D = 64
+# (benchmarks/LOG.md#2026-11-29-power-limit).
 BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 DEVICE_BACKENDS = {"cpu": ("FLASH_ATTENTION", "MATH"), "cuda": BACKENDS}
 CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

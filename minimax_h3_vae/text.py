@@ -1,8 +1,10 @@
 """Text in and out of the package: numbers read from text one strict way (command-line flags and file
-metadata alike), and paths shown in messages so that every message stays one line."""
+metadata alike), paths shown in messages so that every message stays one line, and the nearest name to a
+misspelt one (run options and flags alike)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 
@@ -38,3 +40,10 @@ def one_line(text: str) -> str:
     undecodable bytes) escaped: the last guard of the command's one-line messages, for text it does not
     write itself (an OS error, ffmpeg's last line)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def nearest(name: str, names) -> str | None:
+    """The one of `names` closest to `name` (difflib's ratio at least 0.6), for a message's "did you mean":
+    None when none is close."""
+    near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return near[0] if near else None

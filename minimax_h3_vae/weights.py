@@ -58,8 +58,8 @@ class LibrarySetUp:
     load: each kernel of the model's ops is launched once (`fused.warm_up`: a process's first Triton launch
     sets up Triton, about 0.5 s on an H200; with gemm="quack" or attention="fa4", quack's GEMMs and
     flash-attn-4's kernel are built, 15-25 s, quack having been imported when the kernels were chosen), and
-    cuBLAS, cuDNN and the attention backends each get one small call (about 0.3 s of library loading and
-    handles). Everything runs on two zero tokens; nothing here touches the model's weights.
+    cuBLAS and the attention backends (cuDNN's first) each get one small call (about 0.3 s of library loading
+    and handles). Everything runs on two zero tokens; nothing here touches the model's weights.
 
     A set-up that fails is only a lost head start: the first decode then meets any real problem itself.
     """
@@ -77,9 +77,6 @@ class LibrarySetUp:
                 fused.warm_up(ops, runtime.kernels, c, device, dtype)
                 tokens = torch.zeros(1, 16, c.dim, device=device, dtype=dtype)
                 F.linear(tokens, torch.zeros(c.dim, c.dim, device=device, dtype=dtype))
-                channels = c.latent_channels
-                kernel = torch.zeros(channels, channels, 1, 1, 1, device=device)
-                F.conv3d(torch.zeros(1, channels, 1, 2, 2, device=device), kernel)
                 q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
                 attention(q, q, q, runtime.attention_backends)  # the run's backends, for this call alone
                 torch.cuda.synchronize(device)

@@ -70,6 +70,17 @@ def test_decode_rejects_float8_latents(tiny):
         tiny.decode(torch.zeros(1, 24, 3, 2, 2).to(torch.float8_e4m3fn))
 
 
+def test_decode_refuses_one_video_without_its_batch_dimension_and_says_how_to_add_it(tiny):
+    """(24, T, h, w), which denormalize_latents, save_latents and the command take, is refused by decode, whose
+    output always has the batch axis (B, 3, F, H, W): the message gives the fix."""
+    z = torch.zeros(24, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"add the batch dimension: z\[None\] / z\.unsqueeze\(0\)"):
+        tiny.decode(z)
+    with pytest.raises(ValueError, match=r"add the batch dimension"):
+        next(tiny.decode_stream(z))
+    assert tiny.decode(z[None]).shape == (1, 3, 9, 32, 32)
+
+
 @pytest.mark.parametrize("value", [0, 1.5])
 def test_tile_batch_through_the_api(value, tiny):
     """Already validated by Runtime (tests/test_runtime.py); pinned here as part of the issue's list."""

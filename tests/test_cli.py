@@ -401,6 +401,24 @@ def test_bad_input_messages(capsys, tmp_path):
         assert words in err.splitlines()[-1], (name, err)
 
 
+@pytest.mark.parametrize("name", ["out", "clips.mp4"])
+def test_an_out_that_is_a_folder_says_so_and_how_to_name_the_file(capsys, tmp_path, name):
+    """Not "unknown output format ''": OUT is a folder, and the fix is a file name with one of the formats."""
+    folder = tmp_path / name
+    folder.mkdir()
+    code, err = run_cli_or_parser(capsys, _bad_latents(random_latents())(tmp_path)[0], folder)
+    line = one_error_line(err)
+    assert code == 2 and f"{folder}: is a folder" in line, line
+    assert "give a file name ending in .mp4, .safetensors, .wav or .flac" in line, line
+    assert f"{folder / 'video.mp4'}" in line and "unknown output format" not in line, line
+
+
+def test_an_out_without_an_extension_names_the_formats(capsys, tmp_path):
+    code, err = run_cli_or_parser(capsys, _bad_latents(random_latents())(tmp_path)[0], tmp_path / "video")
+    line = one_error_line(err)
+    assert code == 2 and "has no extension" in line and ".mp4, .safetensors, .wav or .flac" in line, line
+
+
 def test_verbose_shows_traceback(capsys, tmp_path):
     latents = latents_file(tmp_path / "in.safetensors", _nan())
     code, err = run_cli_or_parser(capsys, latents, tmp_path / "out.mp4", "--model", TINY, "--verbose")

@@ -502,6 +502,33 @@ def test_argument_errors_are_one_line(capsys, tmp_path, flags, words):
     assert tree(tmp_path) == {"z.safetensors"}
 
 
+@pytest.mark.parametrize(
+    "flags, nearest",
+    [
+        (["--tile", "2"], "--tile-batch"),  # an abbreviation is not taken: it is refused, naming the flag
+        (["--tile=2"], "--tile-batch"),
+        (["--max-gpu", "4"], "--max-gpu-memory"),
+        (["--tile-bach", "2"], "--tile-batch"),
+        (["--devise", "cpu"], "--device"),
+        (["--no-adio"], "--no-audio"),
+    ],
+)
+def test_unknown_flags_are_refused_naming_the_nearest(capsys, tmp_path, no_model_load, flags, nearest):
+    latents = latents_file(tmp_path / "z.safetensors")
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "v.safetensors", *flags)
+    line = one_error_line(err)
+    assert code == 2 and "usage:" not in err, err
+    assert f"unknown flag {flags[0].split('=')[0]} (did you mean {nearest}?)" in line, line
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_an_unknown_flag_with_nothing_near_is_refused(capsys, tmp_path, no_model_load):
+    latents = latents_file(tmp_path / "z.safetensors")
+    code, err = run_cli_or_parser(capsys, latents, tmp_path / "v.safetensors", "--xyzzy")
+    line = one_error_line(err)
+    assert code == 2 and "unknown flag --xyzzy" in line and "did you mean" not in line, line
+
+
 def test_crf_needs_an_mp4(capsys, tmp_path):
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "v.safetensors", "--crf", "20")
     assert code == 2 and "not an .mp4" in one_error_line(err)
@@ -515,6 +542,29 @@ def test_missing_imageio_ffmpeg_is_named_before_the_model_loads(capsys, tmp_path
     assert 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"' in line, line
     assert "minimax-h3-vae[" not in line
     assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_flac_without_imageio_ffmpeg_names_flac_and_offers_wav(capsys, tmp_path, monkeypatch, no_model_load):
+    """.flac needs ffmpeg, .wav does not: the message names the format asked for and both ways out."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), tmp_path / "s.flac")
+    assert code == 2
+    line = one_error_line(err)
+    assert ".flac output needs ffmpeg" in line and "mp4" not in line, line
+    assert "write a .wav (no ffmpeg needed)" in line, line
+    assert 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"' in line, line
+    assert tree(tmp_path) == {"z.safetensors"}
+
+
+def test_wav_needs_no_imageio_ffmpeg(capsys, tmp_path, monkeypatch):
+    """What the .flac message offers works: the sound alone as .wav, with no ffmpeg installed."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    z = torch.randn(24, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    audio = torch.randn(2, 32, 15, generator=torch.Generator().manual_seed(1))  # 9 frames at 24 fps: 15 latents
+    source = latents_file(tmp_path / "z.safetensors", {"latents": z, "audio_latents": audio})
+    code, err = run_cli(capsys, source, tmp_path / "s.wav")
+    assert code == 0, err
+    assert (tmp_path / "s.wav").read_bytes()[:4] == b"RIFF"
 
 
 # ---- crf, preset, lossless -----------------------------------------------------------------------------------------

@@ -52,6 +52,28 @@ def test_bad_arguments(tmp_path, latents, fps, message):
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_a_missing_folder_is_named(tmp_path):
+    """Not a FileNotFoundError naming the hidden temporary file: the folder that is missing, and the fix."""
+    with pytest.raises(ValueError, match=r"no_such_folder: the folder does not exist; create it first") as error:
+        save_latents(tmp_path / "no_such_folder" / "z.safetensors", torch.zeros(24, 3, 2, 2))
+    assert ".part" not in str(error.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["z.pt", "z", "z.safetensor", "z.latent"])
+def test_a_name_not_ending_safetensors_is_refused(tmp_path, name):
+    with pytest.raises(ValueError, match=r"ending in \.safetensors.*z\.safetensors"):
+        save_latents(tmp_path / name, torch.zeros(24, 3, 2, 2))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", [(16, 3, 2, 2), (1, 16, 3, 2, 2), (3, 24, 2, 2)])
+def test_latents_that_are_not_h3s_24_channels_are_refused(tmp_path, shape):
+    with pytest.raises(ValueError, match=f"latents have {shape[-4]} channels, the decoder takes 24"):
+        save_latents(tmp_path / "z.safetensors", torch.zeros(shape))
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_command_reads_a_comfyui_latent_file(tmp_path):
     """ComfyUI's SaveLatent file: `latent_tensor` (1, 24, T, h, w), normalised, beside an empty
     `latent_format_version_0`: the command decodes it as the same latents saved with save_latents."""

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..latents import check_fps
-from ..text import parse_number, parse_whole, shown
+from ..text import nearest, parse_number, parse_whole, shown
 from . import output
 from .report import InputError, say
 
@@ -37,11 +37,41 @@ KERNEL_FLAGS = (
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with its errors as the one-line `error:` of every other bad input (exit code 2)."""
+    """argparse, with its errors as the one-line `error:` of every other bad input (exit code 2), flags taken
+    only as written (an abbreviation such as --tile is refused, not read as --tile-batch), and an unknown flag
+    named with the nearest one."""
+
+    def __init__(self, **kwargs):
+        self.flags: list[str] = []  # before argparse's own --help is added
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.flags += action.option_strings
+        return action
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        flags = [word.split("=", 1)[0] for word in unknown if re.match(r"--?[^\W\d]", word)]
+        if flags:
+            near = nearest(flags[0], self.flags)
+            self.error(f"unknown flag {flags[0]}" + (f" (did you mean {near}?)" if near else ""))
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
 
     def error(self, message: str):
         say(f"error: {message} (see {self.prog} --help)")
         sys.exit(2)
+
+
+# --help's opening: what the command does and takes, for its users (the module docstring is for developers).
+DESCRIPTION = """Decode MiniMax-H3 latents to video: an mp4 with its sound, the frames as a .safetensors file, or
+the sound alone as .wav or .flac.
+
+IN is a latents .safetensors file (save_latents, or a ComfyUI .latent): the pipeline's normalised latents
+(24, T, h, w) or (1, 24, T, h, w), and the clip's audio latents when it has sound. OUT appears only once it
+is complete and verified. Bad input: one error line, exit code 2. Reference: docs/command.md."""
 
 
 EXAMPLES = """examples:
@@ -68,14 +98,15 @@ def flag_type(parse):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(
         prog="minimax-h3-decode",
-        description=__doc__.split("\n\n")[0],
+        description=DESCRIPTION,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("input", type=Path, help="latents .safetensors file")
+    parser.add_argument("input", type=Path, metavar="IN", help="latents .safetensors file")
     parser.add_argument(
         "output",
         type=Path,
+        metavar="OUT",
         help="output .mp4 (H.264, with AAC sound when IN holds audio latents), .safetensors (uint8 frames 'video', "
         "float32 sound 'audio'), or .wav / .flac (the sound alone)",
     )

@@ -118,14 +118,24 @@ class Soundtrack:
         return self.samples.T.contiguous().view(torch.uint8).flatten()
 
 
-def ffmpeg_exe() -> str:
-    """The ffmpeg binary of imageio-ffmpeg; ValueError naming the install command when it is missing."""
+# What to write instead of a format that needs ffmpeg, when it is missing.
+WITHOUT_FFMPEG = {
+    ".mp4": "write a .safetensors file (the frames and the sound, no ffmpeg needed)",
+    ".flac": "write a .wav (no ffmpeg needed)",
+}
+
+
+def ffmpeg_exe(suffix: str = ".mp4") -> str:
+    """The ffmpeg binary of imageio-ffmpeg; ValueError naming the install command, and the format to write
+    instead of `suffix` (".mp4" or ".flac"), when it is missing."""
     try:
         import imageio_ffmpeg
 
         return imageio_ffmpeg.get_ffmpeg_exe()
     except Exception:  # ImportError, or an install whose binary is gone (imageio-ffmpeg raises RuntimeError)
-        raise ValueError(f"mp4 output needs imageio-ffmpeg ({VIDEO_INSTALL}), or write a .safetensors file") from None
+        raise ValueError(
+            f"{suffix} output needs ffmpeg, from imageio-ffmpeg: {VIDEO_INSTALL}; or {WITHOUT_FFMPEG[suffix]}"
+        ) from None
 
 
 def raw_bytes(frames: int, height: int, width: int) -> int:
@@ -148,19 +158,32 @@ def least_bytes(output: Path, frames: int, height: int, width: int, sound: Sound
 def check_output_name(output: Path) -> None:
     """ValueError for an output this command cannot write (format, length, folder), before anything is read."""
     name = shown(output)
+    formats = f"{', '.join(OUTPUT_FORMATS[:-1])} or {OUTPUT_FORMATS[-1]}"
+    if _is_folder(output):
+        example = shown(output / "video.mp4")
+        raise ValueError(f"{name}: is a folder; give a file name ending in {formats} (like {example})")
     if output.suffix == "" and output.name.lower() in OUTPUT_FORMATS:
         raise ValueError(f"{name}: has no name before its extension; give one, like video{output.name.lower()}")
+    if output.suffix == "":
+        raise ValueError(f"{name}: has no extension, which says the output format; give a name ending in {formats}")
     if output.suffix.lower() not in OUTPUT_FORMATS:
-        raise ValueError(f"{name}: unknown output format {output.suffix!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+        raise ValueError(f"{name}: unknown output format {output.suffix!r}; use one of {formats}")
     check_length(output)
     if not output.parent.is_dir():
         raise ValueError(f"{shown(output.parent)}: output folder does not exist; create it first")
-    if output.is_dir():
-        raise ValueError(f"{name}: is a folder; give a file name")
     if output.exists() and not output.is_file():
         raise ValueError(f"{name}: exists and is not a regular file; give a file name")
-    if output.suffix.lower() in (".mp4", ".flac"):
-        ffmpeg_exe()
+    if output.suffix.lower() in WITHOUT_FFMPEG:
+        ffmpeg_exe(output.suffix.lower())
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether `path` is a folder (or a link to one); False for a path that cannot be looked up (too long, say),
+    which the later checks name."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def probe_folder(output: Path) -> None:
@@ -648,7 +671,7 @@ class FlacSink(OutputFile):
 def _flac_command(sound: Soundtrack) -> list[str]:
     """ffmpeg reading `_flac_samples` from stdin and writing FLAC of FLAC_BITS bits (to the path appended)."""
     rate, channels = str(sound.sample_rate), str(sound.samples.shape[0])
-    command = [ffmpeg_exe(), "-y", "-f", "s32le", "-ar", rate, "-ac", channels, "-i", "-", "-c:a", "flac"]
+    command = [ffmpeg_exe(".flac"), "-y", "-f", "s32le", "-ar", rate, "-ac", channels, "-i", "-", "-c:a", "flac"]
     return command + ["-sample_fmt", "s32", "-bits_per_raw_sample", str(FLAC_BITS), "-v", "error"]
 
 

@@ -1,4 +1,4 @@
-"""Stopping cleanly: stop signals unwind the run (`_stop`), a CPU limit leaves time for the cleanup
+"""Stopping cleanly: stop signals unwind the run (`unwind`), a CPU limit leaves time for the cleanup
 (`reserve_cpu_time`), and under torchrun a watchdog ends a rank whose main thread waits in a collective."""
 
 from __future__ import annotations

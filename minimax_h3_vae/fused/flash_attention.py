@@ -2,7 +2,7 @@
 
 Why: the decoder's attention (32 heads of 64, 1797 tokens per tile, no mask) is ~17% of a fused decode. On the
 H200, at 28 tiles, cuDNN's SDPA took 2.18-2.19 ms per call and flash-attn-4's SM90 forward 1.90 (390 vs 339
-TFLOP/s), and a whole unit with gemm="quack" went from 505.3 to 488.9 ms (benchmarks/RESULTS.md, run 21).
+TFLOP/s), and a whole unit with gemm="quack" went from 505.3 to 488.9 ms (benchmarks/LOG.md#2026-12-01-fa4).
 
 Numerics: the same algorithm class as SDPA's flash and cuDNN backends: scores and the online softmax in
 float32, the probabilities rounded to the input dtype before the second matmul, the output rounded once.

@@ -15,7 +15,7 @@ rate, and quack's Hopper GEMM reaches cuBLAS's speed on them: 3.0 ms here, the s
 
 Numerics: the split keeps 22 bits, but Hopper's fp16 tensor cores sum less precisely than float32 FMAs do. On the
 H200, GEMMs of fp16 values whose products are known exactly come out 7.2e-6 off on average (relative) at depth
-6144, against 1.2e-6 for cuBLAS's float32 GEMM on the same values (benchmarks/RESULTS.md, run 26). So at
+6144, against 1.2e-6 for cuBLAS's float32 GEMM on the same values (benchmarks/LOG.md#2026-12-01-fp16x3-proj-out). So at
 proj_out's size this op is within 1.4e-5 of the output's largest value (7.6e-6 mean abs), tf32x3_linear within
 4.5e-7 and cuBLAS float32 within 2.4e-6: 20x closer than fp16-rounded operands (3.2e-4) can be, and below
 anything the decode shows (its error against fp32 moves from 8.38e-3 to 8.39e-3). Not bit-equal to either.

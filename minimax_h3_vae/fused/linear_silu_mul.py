@@ -3,7 +3,7 @@
 `blocks.linear_silu_mul` writes w1's (M, 2F) output in fp16 and reads it back for the gate; here the gate is
 applied to the float32 accumulator inside the GEMM (quack-kernels' `gemm_act(..., activation="swiglu")`, a
 CuTe-DSL kernel), so the (M, 2F) tensor never exists. On the H200 at the released size (M = 50316, K = 2048,
-2F = 16384) that is 5.05 ms against 5.33 for cuBLAS + the Triton gate (benchmarks/RESULTS.md, run 15).
+2F = 16384) that is 5.05 ms against 5.33 for cuBLAS + the Triton gate (benchmarks/LOG.md#2026-12-01-quack-w1-probe).
 
 Numerics: the result is `silu(gate) * value` of the float32 product and bias, rounded to fp16 once, so it
 is within one fp16 rounding of `linear_silu_mul_reference` (below). The release rounds three times (w1's

@@ -62,8 +62,9 @@ def _keyed(cls: type) -> type:
 def gemm_config():
     """The tile the package's quack GEMMs run with: quack's Hopper default (128 x 192, pingpong) in clusters of
     two along N instead of M. Alone, w1's and the projection's GEMMs were 2-9% faster so in a probe, with the
-    same bits; in a whole decode the difference was within run-to-run noise (benchmarks/RESULTS.md, runs
-    19-20). linear_qk_rms_norm_rope relies on the 192 columns (TILE_N)."""
+    same bits; in a whole decode the difference was within run-to-run noise (benchmarks/LOG.md,
+    #2026-12-01-qkv-clusters and #2026-12-01-quack-tile-config). linear_qk_rms_norm_rope relies on the 192
+    columns (TILE_N)."""
     from quack.gemm_config import GemmConfig
 
     return GemmConfig(tile_m=128, tile_n=TILE_N, cluster_m=1, cluster_n=2, pingpong=True, is_dynamic_persistent=False)
