@@ -15,8 +15,9 @@ from pathlib import Path
 from repo import REPO
 
 PACKAGE = "minimax_h3_vae"
-# What the build backend reads besides the package: pyproject.toml names README.md and LICENSE.
-PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE")
+# What the build backend reads besides the package (pyproject.toml names README.md and LICENSE), and the node
+# pack's files at the root, which must stay out of the wheel.
+PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "__init__.py", "requirements.txt")
 
 
 def package_files(root: Path) -> set[str]:
@@ -54,6 +55,7 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     assert len(expected) > 50 and f"{PACKAGE}/checkpoints/hub.py" in expected
     missing = sorted(expected - names)
     assert not missing, f"missing from the wheel: {missing}"
+    assert not [n for n in names if not n.startswith((f"{PACKAGE}/", f"{PACKAGE}-"))], "only the package"
     assert "[console_scripts]\nminimax-h3-decode = minimax_h3_vae.command.main:console_main" in scripts
 
 

@@ -1,0 +1,127 @@
+"""The repository as a ComfyUI node pack, installed the usual ways: cloned into `custom_nodes/` (by hand or by
+ComfyUI-Manager, which then installs `requirements.txt`), and the linked pack (`comfyui/minimax_h3_vae_nodes`)
+beside an installed package. Each is loaded in a fresh process the way ComfyUI's `nodes.load_custom_node` loads a
+folder (ComfyUI commit bd34f338): `importlib.util.spec_from_file_location` on the folder's `__init__.py`, under
+the folder's path with "." written "_x_" as the module name, registered in `sys.modules`, then executed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from repo import REPO
+
+NODES = {
+    "MiniMaxH3DecoderLoader",
+    "MiniMaxH3Decode",
+    "MiniMaxH3DecodeWithVAE",
+    "MiniMaxH3UseForVAE",
+}
+
+# ComfyUI's import of one custom node folder (argv[1]), then what the test reads of it, as JSON.
+LOAD_LIKE_COMFYUI = """
+import importlib.util, json, os, sys
+preloaded = sys.argv[2] == "preloaded"
+if preloaded:
+    import minimax_h3_vae.comfyui
+module_path = sys.argv[1]
+sys_module_name = module_path.replace(".", "_x_")
+spec = importlib.util.spec_from_file_location(sys_module_name, os.path.join(module_path, "__init__.py"))
+module = importlib.util.module_from_spec(spec)
+sys.modules[sys_module_name] = module
+path_before = list(sys.path)
+spec.loader.exec_module(module)
+import minimax_h3_vae
+nodes = module.NODE_CLASS_MAPPINGS
+print(json.dumps({
+    "nodes": sorted(nodes),
+    "names": sorted(module.NODE_DISPLAY_NAME_MAPPINGS),
+    "package": minimax_h3_vae.__file__,
+    "same_objects": nodes is minimax_h3_vae.comfyui.NODE_CLASS_MAPPINGS,
+    "inputs": sorted(nodes["MiniMaxH3DecoderLoader"].INPUT_TYPES()["required"]),
+    "path_unchanged": sys.path == path_before,
+}))
+"""
+
+
+def load_like_comfyui(folder: Path, preloaded: bool = False) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_LIKE_COMFYUI, str(folder), "preloaded" if preloaded else "fresh"],
+        capture_output=True,
+        text=True,
+        cwd=folder.parents[1],  # ComfyUI's own folder, where main.py runs
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def clone(tmp_path: Path, name: str) -> Path:
+    """The repository's tracked files in ComfyUI/custom_nodes/<name>/, as `git clone` leaves them."""
+    files = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=REPO, check=True).stdout
+    folder = tmp_path / "ComfyUI" / "custom_nodes" / name
+    for relative in filter(None, files.decode().split("\0")):
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / relative, target)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["minimax_h3_vae", "ComfyUI-MiniMax-H3.vae"])
+def test_a_clone_in_custom_nodes_loads_the_nodes_from_itself(tmp_path, name):
+    """Bug: the repository root was no node pack, so a clone in custom_nodes/ loaded nothing. The clone's own
+    package is imported (also when the folder is named like the package, or holds a dot), under its own name, and
+    sys.path is left alone."""
+    folder = clone(tmp_path, name)
+    loaded = load_like_comfyui(folder)
+    assert set(loaded["nodes"]) == set(loaded["names"]) == NODES
+    assert Path(loaded["package"]).resolve() == (folder / "minimax_h3_vae" / "__init__.py").resolve()
+    assert loaded["same_objects"] and loaded["path_unchanged"]
+    assert {"fused", "tile_batch", "gemm", "attention"} <= set(loaded["inputs"])
+
+
+def test_a_package_already_imported_is_the_one_used(tmp_path):
+    """Another node pack (the linked one, say) imported the installed package first: the clone uses that copy
+    rather than importing a second one under the same name."""
+    folder = clone(tmp_path, "minimax_h3_vae")
+    loaded = load_like_comfyui(folder, preloaded=True)
+    assert set(loaded["nodes"]) == NODES and loaded["same_objects"]
+    assert Path(loaded["package"]).resolve() == (REPO / "minimax_h3_vae" / "__init__.py").resolve()
+
+
+def test_a_clone_named_like_the_package_on_sys_path_says_so(tmp_path):
+    """Where custom_nodes/ is on sys.path, `import minimax_h3_vae` would find a clone folder of that name instead
+    of the package: the import fails naming the fix, rather than with a missing attribute later."""
+    folder = clone(tmp_path, "minimax_h3_vae")
+    result = subprocess.run(
+        [sys.executable, "-c", "import minimax_h3_vae"], capture_output=True, text=True, cwd=folder.parent, timeout=120
+    )
+    assert result.returncode == 1
+    assert "(custom_nodes/ is on sys.path): rename the folder" in result.stderr.splitlines()[-1]
+
+
+def test_the_linked_pack_loads_the_installed_package():
+    loaded = load_like_comfyui(REPO / "comfyui" / "minimax_h3_vae_nodes")
+    assert set(loaded["nodes"]) == NODES
+    assert Path(loaded["package"]).resolve() == (REPO / "minimax_h3_vae" / "__init__.py").resolve()
+
+
+def test_requirements_txt_is_the_package_dependencies_less_torch():
+    """What ComfyUI-Manager installs for a clone is what pyproject.toml declares, at the same floors; torch is
+    ComfyUI's own."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    required = [line for line in lines if line.strip() and not line.startswith("#")]
+    assert required == [d.split(";")[0].split("#")[0].strip() for d in declared if not d.startswith("torch")]
+
+
+def test_the_registry_metadata():
+    """pyproject.toml carries the Comfy registry's [tool.comfy] table (read by ComfyUI's comfy_config too)."""
+    comfy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["comfy"]
+    assert {"PublisherId", "DisplayName", "Icon", "includes"} <= set(comfy)
+    assert comfy["DisplayName"] and isinstance(comfy["includes"], list)
