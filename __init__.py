@@ -14,12 +14,11 @@ from pathlib import Path
 
 
 def _package():
-    if __name__ == "minimax_h3_vae":  # custom_nodes/ is on sys.path, and this folder is named like the package
-        raise ImportError(
-            f"{Path(__file__).parent} was imported as the package minimax_h3_vae (custom_nodes/ is on sys.path): "
-            "rename the folder, e.g. to ComfyUI-MiniMax-H3"
-        )
-    if "minimax_h3_vae" not in sys.modules:
+    loaded = sys.modules.get("minimax_h3_vae")
+    # This file itself holds that name where its folder is named minimax_h3_vae and imported by that name (an
+    # older ComfyUI names a node pack's module after its folder; or custom_nodes/ is on sys.path): the package
+    # then takes its name back, and an import by that name finds the package.
+    if loaded is None or getattr(loaded, "__file__", None) == __file__:
         folder = Path(__file__).resolve().parent / "minimax_h3_vae"
         spec = importlib.util.spec_from_file_location(
             "minimax_h3_vae", folder / "__init__.py", submodule_search_locations=[str(folder)]
@@ -29,7 +28,7 @@ def _package():
         try:
             spec.loader.exec_module(package)
         except BaseException:
-            del sys.modules["minimax_h3_vae"]
+            sys.modules.pop("minimax_h3_vae", None)
             raise
     return importlib.import_module("minimax_h3_vae.comfyui")
 

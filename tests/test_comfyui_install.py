@@ -94,15 +94,19 @@ def test_a_package_already_imported_is_the_one_used(tmp_path):
     assert Path(loaded["package"]).resolve() == (REPO / "minimax_h3_vae" / "__init__.py").resolve()
 
 
-def test_a_clone_named_like_the_package_on_sys_path_says_so(tmp_path):
-    """Where custom_nodes/ is on sys.path, `import minimax_h3_vae` would find a clone folder of that name instead
-    of the package: the import fails naming the fix, rather than with a missing attribute later."""
+def test_a_clone_imported_by_the_package_name_gives_the_package(tmp_path):
+    """Where a clone folder named minimax_h3_vae is imported by that name (custom_nodes/ on sys.path, or an older
+    ComfyUI that names a pack's module after its folder), the import gives the package, not the folder."""
     folder = clone(tmp_path, "minimax_h3_vae")
-    result = subprocess.run(
-        [sys.executable, "-c", "import minimax_h3_vae"], capture_output=True, text=True, cwd=folder.parent, timeout=120
+    script = (
+        "import minimax_h3_vae, minimax_h3_vae.comfyui as c; print(minimax_h3_vae.__file__, len(c.NODE_CLASS_MAPPINGS))"
     )
-    assert result.returncode == 1
-    assert "(custom_nodes/ is on sys.path): rename the folder" in result.stderr.splitlines()[-1]
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=folder.parent, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    package, count = result.stdout.split()
+    assert Path(package).resolve() == (folder / "minimax_h3_vae" / "__init__.py").resolve() and count == "4"
 
 
 def test_the_linked_pack_loads_the_installed_package():
