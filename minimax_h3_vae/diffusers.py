@@ -32,6 +32,7 @@ try:
     from diffusers import AutoencoderKLMiniMaxH3
     from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.autoencoders.vae import DecoderOutput
+    from diffusers.models.modeling_utils import get_parameter_dtype
     from diffusers.utils.accelerate_utils import apply_forward_hook
 except ImportError as error:  # not installed, or a release without MiniMax-H3 (before 0.42)
     raise ModuleNotFoundError(
@@ -127,7 +128,7 @@ def build_decoder(
     """Our decoder from the VAE's decoder and post_quant_conv tensors (diffusers' names) with `options`, on
     their device when `options.device` is None; tensors already in the recipe's dtype and place are shared."""
     first = tensors["decoder.proj_in.weight"]
-    if first.is_meta:
+    if any(t.is_meta for t in tensors.values()):
         raise SwapError("the VAE's decoder weights are not loaded (meta device): load them before decoding")
     config = diffusers_config(dict(vae.config))
     checkpoint = checkpoint_in_memory(tensors, config, "diffusers", "the VAE's decoder")
@@ -154,14 +155,16 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     (`requires_grad_(False)` on `vae.decoder` and `vae.post_quant_conv`), so that a decode outside
     `torch.no_grad()` is still ours. Afterwards `vae.decode(z, return_dict=True)` takes denormalised latents
     (B, 24, T, h, w) and returns a `DecoderOutput` (`return_dict=False`: a 1-tuple) whose `sample` is
-    (B, 3, F, 16h, 16w) float32 in the same ImageNet-normalised space, on our decoder's device. It honours
+    (B, 3, F, 16h, 16w) in the same ImageNet-normalised space, on our decoder's device, in the dtype diffusers'
+    decoder gives (its proj_out's: float32 for an fp32 VAE; our float32 output rounded once). It honours
     `vae.use_tiling`, `enable_tiling(...)` and `disable_tiling()` at each call, as that call's tiling (a setting
     we cannot reproduce exactly raises `SwapError`), and also decodes T = 1 and T = 2, which the stock VAE
     cannot. When the decode must be differentiable (grad enabled, and the latents require grad or a weight of
     the decoder was made trainable again), it runs through diffusers' own modules instead, as unswapped.
 
-    Raises SwapError for a target holding no H3 VAE, a VAE already swapped, a decoder without weights, or a
-    config this package cannot decode; the target is then left unchanged.
+    Raises SwapError for a target holding no H3 VAE, a VAE already swapped, a decoder without weights (meta:
+    accelerate's device_map offload), hooks or processors our decode would not honour, or a config this package
+    cannot decode; the target is then left unchanged.
     """
     vae = _find_vae(target)
     if isinstance(vae.decoder, SwappedDecoder):
@@ -181,6 +184,7 @@ def swap_decoder(target, *, options: DecodeOptions | None = None, **fields):
     except ConfigError as error:
         raise SwapError(f"this AutoencoderKLMiniMaxH3 cannot be swapped: {error}") from None
     options = options or DecodeOptions(**fields)
+    _check_honoured(vae)
     swap = DecoderSwap(options)
     swap.decoder_for(vae)  # built now: what cannot be decoded is said at the swap, and the first decode is warm
     vae.decoder.requires_grad_(False)
@@ -204,6 +208,8 @@ def swapped_decode(vae: AutoencoderKLMiniMaxH3, z: torch.Tensor, return_dict: bo
     _check_honoured(vae)
     h3 = swap.decoder_for(vae)
     video = h3.decode(z, tiling=vae_tiling(vae, h3.config.patch_size))
+    # In the dtype diffusers' decoder gives (its proj_out's; float32 for an fp32 VAE): the values are ours.
+    video = video.to(get_parameter_dtype(vae.decoder.proj_out))
     return DecoderOutput(sample=video) if return_dict else (video,)
 
 

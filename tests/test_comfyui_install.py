@@ -61,14 +61,19 @@ def load_like_comfyui(folder: Path, preloaded: bool = False) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# What a clone holds that loading the pack reads: the root's files and the two folders of code.
+PACK = ("__init__.py", "requirements.txt", "pyproject.toml", "README.md", "LICENSE", "minimax_h3_vae", "comfyui")
+
+
 def clone(tmp_path: Path, name: str) -> Path:
-    """The repository's tracked files in ComfyUI/custom_nodes/<name>/, as `git clone` leaves them."""
-    files = subprocess.run(["git", "ls-files", "-z"], capture_output=True, cwd=REPO, check=True).stdout
+    """The repository's files as a clone leaves them in ComfyUI/custom_nodes/<name>/ (caches left out)."""
     folder = tmp_path / "ComfyUI" / "custom_nodes" / name
-    for relative in filter(None, files.decode().split("\0")):
-        target = folder / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / relative, target)
+    for entry in PACK:
+        if (REPO / entry).is_dir():
+            shutil.copytree(REPO / entry, folder / entry, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / entry, folder / entry)
     return folder
 
 
