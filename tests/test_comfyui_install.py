@@ -2,7 +2,8 @@
 ComfyUI-Manager, which then installs `requirements.txt`), and the linked pack (`comfyui/minimax_h3_vae_nodes`)
 beside an installed package. Each is loaded in a fresh process the way ComfyUI's `nodes.load_custom_node` loads a
 folder (ComfyUI commit bd34f338): `importlib.util.spec_from_file_location` on the folder's `__init__.py`, under
-the folder's path with "." written "_x_" as the module name, registered in `sys.modules`, then executed."""
+the folder's path with "." written "_x_" as the module name, registered in `sys.modules`, then executed. Older
+ComfyUI (nodes.py at commit 01094316) named the module after the folder alone."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ preloaded = sys.argv[2] == "preloaded"
 if preloaded:
     import minimax_h3_vae.comfyui
 module_path = sys.argv[1]
-sys_module_name = module_path.replace(".", "_x_")
+sys_module_name = os.path.basename(module_path) if sys.argv[3] == "old" else module_path.replace(".", "_x_")
 spec = importlib.util.spec_from_file_location(sys_module_name, os.path.join(module_path, "__init__.py"))
 module = importlib.util.module_from_spec(spec)
 sys.modules[sys_module_name] = module
@@ -49,9 +50,10 @@ print(json.dumps({
 """
 
 
-def load_like_comfyui(folder: Path, preloaded: bool = False) -> dict:
+def load_like_comfyui(folder: Path, preloaded: bool = False, old_naming: bool = False) -> dict:
+    loader = "old" if old_naming else "bd34f338"
     result = subprocess.run(
-        [sys.executable, "-c", LOAD_LIKE_COMFYUI, str(folder), "preloaded" if preloaded else "fresh"],
+        [sys.executable, "-c", LOAD_LIKE_COMFYUI, str(folder), "preloaded" if preloaded else "fresh", loader],
         capture_output=True,
         text=True,
         cwd=folder.parents[1],  # ComfyUI's own folder, where main.py runs
@@ -112,6 +114,15 @@ def test_a_clone_imported_by_the_package_name_gives_the_package(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     package, count = result.stdout.split()
     assert Path(package).resolve() == (folder / "minimax_h3_vae" / "__init__.py").resolve() and count == "4"
+
+
+def test_a_clone_named_like_the_package_in_an_older_comfyui(tmp_path):
+    """An older ComfyUI registers the clone folder minimax_h3_vae as the module minimax_h3_vae before running it:
+    the pack loads its nodes, and the name is the package's again."""
+    folder = clone(tmp_path, "minimax_h3_vae")
+    loaded = load_like_comfyui(folder, old_naming=True)
+    assert set(loaded["nodes"]) == set(loaded["names"]) == NODES and loaded["same_objects"]
+    assert Path(loaded["package"]).resolve() == (folder / "minimax_h3_vae" / "__init__.py").resolve()
 
 
 def test_the_linked_pack_loads_the_installed_package():
