@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from .audio.config import H3AudioDecoderConfig
 from .config import H3DecoderConfig
-from .files import create_temp, resolve_output
+from .files import create_temp, new_file_mode, resolve_output
 from .reader import read_checked_header, read_header, read_tensor
 from .text import parse_number, parse_whole, shown
 from .tiling import plan_chunks
@@ -239,10 +239,10 @@ def save_latents(
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask  # what open() gives a new file (the library writes its files 0600)
+        mode = None
     try:
+        if mode is None:
+            mode = new_file_mode(path.parent)  # what open() gives a new file (the library writes its files 0600)
         temp = create_temp(path)
     except OSError as error:
         raise ValueError(

@@ -506,12 +506,19 @@ def test_interrupt_during_decoding(capsys, tmp_path, monkeypatch):
     assert tree(tmp_path) == {"in.safetensors"}
 
 
-def test_output_has_default_permissions(capsys, tmp_path):
-    umask = os.umask(0)
-    os.umask(umask)
-    latents = latents_file(tmp_path / "in.safetensors", random_latents())
-    out = tmp_path / "video.safetensors"
-    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_output_has_default_permissions(capsys, tmp_path, monkeypatch, umask):
+    """A new OUT takes 0o666 less the umask, read without os.umask (which would set it for an instant)."""
+    set_umask = os.umask  # the test is the host: it sets the umask
+    old = set_umask(umask)
+    try:
+        monkeypatch.setattr(os, "umask", lambda mask: pytest.fail("os.umask was called"))
+        latents = latents_file(tmp_path / "in.safetensors", random_latents())
+        out = tmp_path / "video.safetensors"
+        code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
+    finally:
+        monkeypatch.undo()
+        set_umask(old)
     assert code == 0, err
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
