@@ -16,6 +16,7 @@ from pathlib import Path
 from .text import shown
 
 TEMP_PREFIX = ".minimax-h3-decode-"
+PROC_STATUS = Path("/proc/self/status")
 
 
 def temp_name(output: Path) -> Path:
@@ -31,6 +32,34 @@ def create_temp(output: Path) -> Path:
             return path
         except FileExistsError:
             continue
+
+
+def new_file_mode(folder: Path) -> int:
+    """The permission bits `open()` gives a new file in `folder`: 0o666 less the process umask.
+
+    The umask is read without changing it (`os.umask` can only read it by setting it, and for that instant
+    the files other threads of a host create would take the value set): from the Umask line of
+    /proc/self/status (Linux 4.7 and later), else by creating a file of mode 0o666 in `folder`, reading its
+    mode back and removing it. OSError if neither works (a folder that is not writable).
+    """
+    try:
+        with open(PROC_STATUS, encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    while True:
+        probe = temp_name(folder / "probe")
+        try:
+            handle = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            return os.fstat(handle).st_mode & 0o777
+        finally:
+            os.close(handle)
+            probe.unlink(missing_ok=True)
 
 
 def _limit(folder: Path, name: str, default: int) -> int:

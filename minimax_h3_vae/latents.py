@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from .audio.config import H3AudioDecoderConfig
 from .config import H3DecoderConfig
-from .files import create_temp, resolve_output
+from .files import create_temp, new_file_mode, resolve_output
 from .reader import read_checked_header, read_header, read_tensor
 from .text import parse_number, parse_whole, shown
 from .tiling import plan_chunks
@@ -239,10 +239,10 @@ def save_latents(
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask  # what open() gives a new file (the library writes its files 0600)
+        mode = None
     try:
+        if mode is None:
+            mode = new_file_mode(path.parent)  # what open() gives a new file (the library writes its files 0600)
         temp = create_temp(path)
     except OSError as error:
         raise ValueError(
@@ -303,8 +303,8 @@ class LatentsFile:
     """What the header of a latents file says, before any tensor data is read."""
 
     path: Path
-    key: str
-    shape: tuple[int, ...]  # (C, T, h, w)
+    key: str | None  # None: the file holds audio latents alone (read with video=False)
+    shape: tuple[int, ...] | None  # (C, T, h, w); None with key
     fps: float | None
     audio: AudioEntry | None = None  # the audio latents (key AUDIO_KEY), when they were asked for and are there
 
@@ -323,15 +323,25 @@ def check_latents_path(path: Path) -> None:
         raise ValueError(f"{shown(path)}: is not a regular file (a FIFO, socket or device); give a .safetensors file")
 
 
-def read_latents_header(path: Path, audio: bool = True) -> LatentsFile:
+def read_latents_header(path: Path, audio: bool = True, video: bool = True) -> LatentsFile:
     """The latents' tensor name (`latents`; `latent_tensor` of a ComfyUI `.latent` file; or the file's only
     tensor besides the audio latents), shape and fps metadata, and with `audio` the audio latents' entry
     (`audio_latents`, if any), from the header alone; ValueError naming the problem if the decoders cannot take
-    them. The file's other tensors are not looked at beyond their header entries."""
+    them. The file's other tensors are not looked at beyond their header entries.
+
+    With `video` False (the sound alone is wanted) a file that holds audio latents and no other tensor is
+    taken too: its LatentsFile has key and shape None. With `video` True such a file is a ValueError."""
     check_latents_path(path)
     name = shown(path)
     header = read_checked_header(path, name, ValueError, "give a latents .safetensors file")
     keys = [key for key in header.tensors if key not in (COMFYUI_VERSION_KEY, AUDIO_KEY)]
+    if not keys and AUDIO_KEY in header.tensors:
+        if video:
+            raise ValueError(
+                f"{name}: holds audio latents ({AUDIO_KEY!r}) and no video latents ('latents') to decode; write "
+                "the sound alone to a .wav or .flac, or give a file that holds the video latents too"
+            )
+        return LatentsFile(path, None, None, _fps(name, header), _audio_entry(name, header) if audio else None)
     if "latents" in keys:
         key = "latents"
     elif COMFYUI_KEY in keys:
@@ -364,19 +374,24 @@ def read_latents_header(path: Path, audio: bool = True) -> LatentsFile:
         check_dtype(dtype)
     except ValueError as error:
         raise ValueError(f"{name}: {error} (tensor {key!r})") from None
-    fps = None
-    if "fps" in header.metadata:
-        try:
-            fps = parse_number(header.metadata["fps"])
-        except ValueError:
-            fps = None
-        if fps is None or not 0 < fps < float("inf"):
-            raise ValueError(
-                f"{name}: metadata fps={header.metadata['fps']!r} is not a positive number written in digits; "
-                "fix it or pass --fps"
-            )
     entry = _audio_entry(name, header) if audio and AUDIO_KEY in header.tensors else None
-    return LatentsFile(path, key, shape, fps, entry)
+    return LatentsFile(path, key, shape, _fps(name, header), entry)
+
+
+def _fps(name: str, header) -> float | None:
+    """The metadata's fps, or None when there is none; ValueError for one that is not a frame rate."""
+    if "fps" not in header.metadata:
+        return None
+    try:
+        fps = parse_number(header.metadata["fps"])
+    except ValueError:
+        fps = None
+    if fps is None or not 0 < fps < float("inf"):
+        raise ValueError(
+            f"{name}: metadata fps={header.metadata['fps']!r} is not a positive number written in digits; "
+            "fix it or pass --fps"
+        )
+    return fps
 
 
 def _audio_entry(name: str, header) -> AudioEntry:

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -506,12 +507,19 @@ def test_interrupt_during_decoding(capsys, tmp_path, monkeypatch):
     assert tree(tmp_path) == {"in.safetensors"}
 
 
-def test_output_has_default_permissions(capsys, tmp_path):
-    umask = os.umask(0)
-    os.umask(umask)
-    latents = latents_file(tmp_path / "in.safetensors", random_latents())
-    out = tmp_path / "video.safetensors"
-    code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_output_has_default_permissions(capsys, tmp_path, monkeypatch, umask):
+    """A new OUT takes 0o666 less the umask, read without os.umask (which would set it for an instant)."""
+    set_umask = os.umask  # the test is the host: it sets the umask
+    old = set_umask(umask)
+    try:
+        monkeypatch.setattr(os, "umask", lambda mask: pytest.fail("os.umask was called"))
+        latents = latents_file(tmp_path / "in.safetensors", random_latents())
+        out = tmp_path / "video.safetensors"
+        code, err = run_cli_or_parser(capsys, latents, out, "--model", TINY)
+    finally:
+        monkeypatch.undo()
+        set_umask(old)
     assert code == 0, err
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
@@ -654,3 +662,19 @@ def test_writer_error_reaches_the_caller_and_cancel_returns(device):
         assert not writer.thread.is_alive()
         # close: the first chunk, then the failure; cancel: queued chunks are dropped unwritten
         assert len(writer.sink.chunks) == 1 if finish == "close" else len(writer.sink.chunks) <= 1
+
+
+def test_main_in_process_leaves_no_thread(capsys, tmp_path):
+    """A host that runs main in-process keeps no thread of ours after the call: tqdm's monitor thread (which
+    tqdm's class starts with its first bar, for the life of the process) included, while the decode still
+    shows its progress bar. A monitor the host already had is stopped first (a later bar makes a new one), so
+    the check does not depend on what earlier tests ran."""
+    from tqdm import tqdm
+
+    if tqdm.monitor is not None:
+        tqdm.monitor.exit()
+    before = {(thread.ident, thread.name) for thread in threading.enumerate()}
+    code, err = run_cli_or_parser(capsys, EXAMPLE_LATENTS, tmp_path / "out.mp4", "--model", TINY, "--device", "cpu")
+    assert code == 0, err
+    assert re.search(r"decoding: 100%.*\d+/\d+ \[", err), err
+    assert {(thread.ident, thread.name) for thread in threading.enumerate()} == before

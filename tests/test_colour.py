@@ -7,6 +7,7 @@ as raw Y'CbCr planes, as RGB with the tags honoured, and for the tags it reports
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 from pathlib import Path
@@ -117,6 +118,39 @@ def test_chroma_is_sited_left():
     rgb[0] = ramp.float()[:, None]
     cr = planes(rgb_to_yuv420p(rgb), width, 2)[2][0, :, 0].double()
     assert torch.equal(cr, torch.round(128 + 112 * (columns + 0.5) / (width - 1)))
+
+
+def test_out_of_range_input_is_clamped_and_nan_is_zero():
+    """A direct caller's R'G'B' outside [0, 1] is clamped per component, NaN taken as 0, so nothing wraps
+    around uint8 (1.5 once gave Y' 88, NaN gave Y' 0): each such colour gives the cube corner it clamps to."""
+    nan, inf = float("nan"), float("inf")
+    colours = {  # input: the corner it is taken as
+        (1.5, 1.5, 1.5): (1, 1, 1),
+        (-0.5, -3.0, -inf): (0, 0, 0),
+        (nan, nan, nan): (0, 0, 0),
+        (inf, nan, -1.0): (1, 0, 0),
+        (nan, 2.0, 7.0): (0, 1, 1),
+        (1e30, -1e30, nan): (1, 0, 0),
+    }
+    rgb = torch.tensor(list(colours), dtype=torch.float32).T[:, :, None, None].expand(3, len(colours), 4, 6)
+    want = torch.tensor(list(colours.values()), dtype=torch.float32).T[:, :, None, None].expand_as(rgb)
+    got = rgb_to_yuv420p(rgb)
+    assert torch.equal(got, rgb_to_yuv420p(want))
+    y, cb, cr = planes(got, 4, 6)
+    assert y[0].unique().tolist() == [235] and y[1].unique().tolist() == [16] and y[2].unique().tolist() == [16]
+    assert cb.min() >= 16 and cb.max() <= 240 and cr.min() >= 16 and cr.max() <= 240
+    assert torch.isnan(rgb).any()  # the input itself is left as it was
+
+
+def test_in_range_input_converts_as_before_the_clamp():
+    """The clamp changes no bit for R'G'B' in [0, 1]: the planes' hash for seeded random input (with exact
+    0 and 1 among it) is the one the unclamped conversion gave (commit 38e809c), which
+    test_conversion_matches_the_float64_formula checks against BT.709 in float64."""
+    gen = torch.Generator().manual_seed(5)
+    rgb = torch.rand(3, 3, 32, 48, generator=gen)
+    rgb[:, 0, :, :24] = torch.randint(0, 2, (3, 32, 24), generator=gen).float()
+    digest = hashlib.sha256(rgb_to_yuv420p(rgb).numpy().tobytes()).hexdigest()
+    assert digest == "50bfaeb342f4bf40ac310b83736499fad21a1b3c9a424b0c74f2877a5bf8b75e"
 
 
 @pytest.mark.parametrize(

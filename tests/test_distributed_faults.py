@@ -168,18 +168,21 @@ def test_the_process_group_outlives_the_failed_calls(disagree_run, one_thread):
 
 @pytest.mark.xdist_group("torchrun_command")
 def test_torchrun_runs_each_rank_on_one_thread(torchrun_command):
-    """torchrun sets OMP_NUM_THREADS=1 (when it is not set), and a CPU decode's last bits depend on the thread
-    count (docs/performance.md says so): the command's ranks run one thread each, as the one process its output
-    is compared with (test_distributed.py)."""
+    """torchrun sets OMP_NUM_THREADS=1 (for more than one rank per node, when it is not set), and a CPU
+    decode's last bits depend on the thread count (docs/performance.md says so): the command's ranks run one
+    thread each, as the one process its output is compared with (test_distributed.py)."""
     run = torchrun_command
     assert run.result.returncode == 0, run.result.stderr[-3000:]
     assert sorted(run.result.stdout.splitlines()) == ["rank 0: 1 threads", "rank 1: 1 threads"]
 
 
 def test_the_docs_say_what_torchrun_does_to_threads():
+    """torch/distributed/run.py sets OMP_NUM_THREADS=1 only when it starts more than one rank per node: the docs
+    say so, not that every torchrun rank runs one thread."""
     text = (PACKAGE_ROOT / "docs" / "performance.md").read_text()
     section = text.split("## More than one GPU", 1)[1].split("\n## ", 1)[0]
     assert "OMP_NUM_THREADS=1" in section and "thread" in section
+    assert "only with `--nproc-per-node` above 1" in section and "one\nrank keeps" in section
 
 
 # ---- a rank's own failure in the command: one line, by rank 0 ------------------------------------------------------

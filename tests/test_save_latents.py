@@ -9,7 +9,7 @@ import torch
 from repo import REPO
 from safetensors.torch import load_file
 
-from minimax_h3_vae import H3VideoDecoder, denormalize_latents, save_latents, to_uint8_frames
+from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, save_latents, to_uint8_frames
 from minimax_h3_vae.command import main as cli_module
 from minimax_h3_vae.latents import read_latents, read_latents_header
 
@@ -110,6 +110,33 @@ def test_save_latents_honours_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+SET_UMASK = os.umask  # the test is the host: it sets the umask, even while os.umask is patched to fail
+
+
+@pytest.mark.parametrize("from_proc", [True, False])
+def test_new_file_mode_reads_the_umask_without_setting_it(tmp_path, monkeypatch, from_proc):
+    """files.new_file_mode gives 0o666 less the process umask, for two umasks, from /proc/self/status or
+    (where that is missing) from a probe file it removes again; os.umask is never called, since setting it
+    even for an instant gives other threads' new files that mode. save_latents uses it: its new file's mode
+    is still 0o666 less the umask."""
+    if not from_proc:
+        monkeypatch.setattr(files, "PROC_STATUS", tmp_path / "no-such-status")
+    old = SET_UMASK(0o022)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "umask", lambda mask: pytest.fail("os.umask was called"))
+            for umask in (0o022, 0o077):
+                SET_UMASK(umask)
+                folder = tmp_path / f"u{umask:o}"
+                folder.mkdir()
+                assert files.new_file_mode(folder) == 0o666 & ~umask
+                path = save_latents(folder / "z.safetensors", torch.zeros(24, 1, 1, 1))
+                assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+                assert sorted(p.name for p in folder.iterdir()) == ["z.safetensors"]  # no probe left
+    finally:
+        SET_UMASK(old)
 
 
 def test_save_latents_refuses_a_huge_fps(tmp_path):

@@ -179,7 +179,7 @@ def test_a_file_without_audio_metadata_is_taken_as_h3s(tmp_path):
 @pytest.mark.parametrize(
     "tensors, metadata, words",
     [
-        ({"audio_latents": noise(2, 32, 15)}, None, "no tensor named 'latents'"),
+        ({"audio_latents": noise(2, 32, 15)}, None, "no video latents ('latents') to decode"),
         ({"latents": noise(24, 3, 2, 2), "audio_latents": noise(32, 2, 15)}, None, "ComfyUI's audio layout"),
         ({"latents": noise(24, 3, 2, 2), "audio_latents": noise(2, 32, 0)}, None, "are empty"),
         ({"latents": noise(24, 3, 2, 2), "audio_latents": torch.zeros(2, 32, 3, dtype=torch.int8)}, None, "int8"),

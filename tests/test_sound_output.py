@@ -458,3 +458,25 @@ def test_under_torchrun_rank_0_alone_decodes_the_sound(torchrun_command):
     assert sorted(p.name for p in run.spread.parent.iterdir()) == ["out.safetensors"]
     got, want = load_file(str(run.spread)), load_file(str(run.single))
     assert torch.equal(got["audio"], want["audio"]) and torch.equal(got["video"], want["video"])
+
+
+def test_a_file_of_audio_latents_alone_decodes_to_sound(tmp_path, capsys):
+    """A latents file holding `audio_latents` and no video latents: a .wav or .flac OUT needs only the sound, so
+    it decodes, to the very bytes the example file (which holds both) gives; an mp4 or .safetensors OUT needs the
+    video latents, so it is refused with one error line that says so and what to do, writing nothing."""
+    with safe_open(str(EXAMPLE_LATENTS), "pt") as handle:
+        audio, metadata = handle.get_tensor("audio_latents"), handle.metadata()
+    sound_alone = tmp_path / "sound.safetensors"
+    save_file({"audio_latents": audio}, str(sound_alone), metadata=metadata)
+    for suffix in (".wav", ".flac"):
+        code, err = run(capsys, EXAMPLE_LATENTS, tmp_path / f"full{suffix}")
+        assert code == 0, err
+        code, err = run(capsys, sound_alone, tmp_path / f"alone{suffix}")
+        assert code == 0, err
+        assert (tmp_path / f"alone{suffix}").read_bytes() == (tmp_path / f"full{suffix}").read_bytes()
+    for suffix in (".mp4", ".safetensors"):
+        code, err = run(capsys, sound_alone, tmp_path / f"video{suffix}")
+        assert code == 2, err
+        line = one_error_line(err)
+        assert "no video latents" in line and ".wav or .flac" in line, line
+        assert not (tmp_path / f"video{suffix}").exists()

@@ -59,14 +59,27 @@ def rgb_to_yuv420p(rgb: torch.Tensor) -> torch.Tensor:
     rounded once, to the nearest integer with halves to even (torch.round); the results lie in 16-235 (Y')
     and 16-240 (Cb, Cr). The chroma filter is applied to R'G'B' before the matrix (the same linear map, on a
     quarter of the pixels).
+
+    Input outside [0, 1] is clamped to it per component first (so 1.5 is 1.0 and -inf is 0.0), and NaN is
+    taken as 0.0 (black in that component), so no value wraps around the uint8 range; input in [0, 1] is
+    converted exactly as without the clamp. This costs one float32 copy of rgb; the decoder's own path
+    (`to_yuv420p_frames`) has clamped already and skips it.
     """
     if not isinstance(rgb, torch.Tensor) or rgb.ndim != 4 or rgb.shape[0] != 3 or not rgb.is_floating_point():
         shape = tuple(rgb.shape) if isinstance(rgb, torch.Tensor) else type(rgb).__name__
         raise ValueError(f"rgb_to_yuv420p takes floating-point R'G'B' (3, F, H, W), got {shape}")
-    _, frames, height, width = rgb.shape
-    if height % 2 or width % 2:
-        raise ValueError(f"4:2:0 needs an even frame height and width, got {width}x{height}")
-    rgb = rgb.float()
+    _check_even(rgb)
+    return _in_range_to_yuv420p(torch.nan_to_num(rgb.float(), nan=0.0).clamp_(0.0, 1.0))
+
+
+def _check_even(rgb: torch.Tensor) -> None:
+    if rgb.shape[2] % 2 or rgb.shape[3] % 2:
+        raise ValueError(f"4:2:0 needs an even frame height and width, got {rgb.shape[3]}x{rgb.shape[2]}")
+
+
+def _in_range_to_yuv420p(rgb: torch.Tensor) -> torch.Tensor:
+    """`rgb_to_yuv420p` for float32 rgb already in [0, 1] (values outside wrap around uint8)."""
+    frames, height, width = rgb.shape[1:]
     pixels = height * width
     out = torch.empty(frames, yuv420p_bytes(height, width), dtype=torch.uint8, device=rgb.device)
     luma, cb, cr = out.split([pixels, pixels // 4, pixels // 4], dim=1)
@@ -87,4 +100,6 @@ def to_yuv420p_frames(video: torch.Tensor) -> torch.Tensor:
     """Decoder output of one video (3, F, H, W) or (1, 3, F, H, W), H and W even -> uint8 (F, H * W * 3 // 2) on
     the same device: per frame BT.709 limited-range Y'CbCr 4:2:0 planes, Y' then Cb then Cr, converted from
     the float RGB in [0, 1] with one rounding (`rgb_to_yuv420p`)."""
-    return rgb_to_yuv420p(to_unit_rgb(one_video(video, "to_yuv420p_frames")))
+    rgb = to_unit_rgb(one_video(video, "to_yuv420p_frames"))  # float32, clamped to [0, 1]; NaN stays NaN
+    _check_even(rgb)
+    return _in_range_to_yuv420p(rgb)

@@ -69,10 +69,24 @@ def run(args: argparse.Namespace, rank: int, ranks: int, device, watchdog: Watch
         raise
 
 
+def progress_bar(total: int):
+    """A tqdm bar over `total` tiles on stderr that starts no thread.
+
+    tqdm's class starts a monitor thread with its first bar (one that outlives the bar, and in a host that
+    runs `main` in-process, the call), to refresh bars whose dynamic `miniters` has grown. A subclass with
+    `monitor_interval = 0` starts none and leaves tqdm's own setting, and the host's bars, as they are; with
+    `miniters=1` the bar redraws at each tile (at most every 0.1 s), so there is nothing to monitor."""
+    from tqdm import tqdm
+
+    class TileBar(tqdm):
+        monitor_interval = 0
+
+    return TileBar(total=total, unit="tile", desc="decoding", miniters=1, file=Diagnostics())
+
+
 def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, watchdog=None) -> None:
     """Decode and write; with several ranks, each decodes its tiles and rank 0 alone writes the file."""
     import torch
-    from tqdm import tqdm
 
     decoder, z, sink = prepared.decoder, prepared.z, prepared.sink
     if decoder is None:  # OUT holds the sound alone, decoded while preparing: rank 0 writes it
@@ -118,7 +132,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:  # made at the first report, which comes before the first tile: the total shows at once
-            bar = tqdm(total=total, unit="tile", desc="decoding", file=Diagnostics())
+            bar = progress_bar(total)
         bar.update(done - bar.n)
 
     try:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import check_length, create_temp
+from ..files import check_length, create_temp, new_file_mode
 from ..frames import to_uint8_frames
 from ..text import one_line, shown
 from .colour import to_yuv420p_frames, yuv420p_bytes
@@ -338,9 +338,7 @@ class OutputFile:
             try:
                 mode = os.stat(self.output).st_mode & 0o7777
             except FileNotFoundError:
-                umask = os.umask(0)
-                os.umask(umask)
-                mode = 0o666 & ~umask
+                mode = new_file_mode(self.output.parent)
             os.chmod(self.temp, mode)
             os.replace(self.temp, self.output)
         except OSError as error:

@@ -79,10 +79,11 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     try:
         if rank == 0:
             output.probe_folder(args.output)
-        source = read_latents_header(args.input, audio=not args.no_audio)
+        sound_alone = args.output.suffix.lower() in output.AUDIO_FORMATS  # the video latents are not needed
+        source = read_latents_header(args.input, audio=not args.no_audio, video=not sound_alone)
     except ValueError as error:
         raise InputError(str(error)) from None
-    if args.output.suffix.lower() in output.AUDIO_FORMATS:
+    if sound_alone:
         return prepare_sound_alone(args, options, source, rank)
 
     if rank == 0:
