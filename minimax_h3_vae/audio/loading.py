@@ -37,6 +37,7 @@ from ..checkpoints.files import (
     first_folder,
     headers,
     inside,
+    per_channel_stat,
     read_json,
     single_file,
 )
@@ -349,9 +350,9 @@ def _open_comfyui(path: Path, origin: str) -> AudioCheckpoint:
     proj, pre = shapes["dec_in_proj.weight"], shapes["decoder.conv_pre.weight"]
     stats = {}
     for name in STATS:
-        if shapes.get(name) == (proj[1],):
+        if per_channel_stat(shapes, name, proj[1], origin):
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                stats[name] = tuple(handle.get_tensor(name).double().tolist())
+                stats[name] = tuple(handle.get_tensor(name).double().flatten().tolist())
     try:
         config = H3AudioDecoderConfig(latent_channels=proj[1], latent_dim=proj[0], decoder_dim=pre[0], **stats)
     except ConfigError as error:
