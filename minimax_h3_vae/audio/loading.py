@@ -391,9 +391,8 @@ def _locate_original(repo_id: str, fetch: Callable[[str], Path], local_only: boo
 
 def load_weights(model: AudioDecoder, checkpoint: AudioCheckpoint, device: torch.device) -> None:
     """Fill `model` (built on the meta device) with the checkpoint's weights, float32 on `device`, each weight norm
-    folded there and each in storage of its own (`StoredCheckpoint.owned`: no view of the file), then compute the
-    activations' factors (`AudioDecoder.derive`)."""
+    folded there and each in storage of its own (`StoredCheckpoint.owned`: no view of the file)."""
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     state_dict = {key: checkpoint.owned(tensor) for key, tensor in checkpoint.tensors(expected, device)}
     model.load_state_dict(state_dict, strict=True, assign=True)
-    model.derive().eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
