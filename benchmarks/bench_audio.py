@@ -84,7 +84,7 @@ def diffusers_decode(vae, z: torch.Tensor) -> torch.Tensor:
 def float64_reference(ours: H3AudioDecoder, z: torch.Tensor) -> torch.Tensor:
     exact = H3AudioDecoder(ours.config).to(ours.device)
     exact.load_state_dict(ours.state_dict())
-    exact.double().derive()
+    exact.double()
     with torch.inference_mode():
         return exact(ours.denormalize(z).double()).squeeze(1)
 

@@ -26,7 +26,8 @@ def load_weights(model: H3Decoder, checkpoint: Checkpoint, runtime: Runtime, ops
     """Fill `model` (built on the meta device) with the checkpoint's weights, each read straight to where it
     will live: block linears in `runtime.dtype` on `runtime.device`, or with `runtime.offload == "blocks"` in
     pinned host memory; everything else float32 on the device (casts happen there: the same rounding as on the
-    host).
+    host). A tensor that no cast copied is copied once if it is still a view of the file
+    (`StoredCheckpoint.owned`): the decoder owns its weights; a checkpoint in memory shares them.
 
     On CUDA the libraries' one-time set-up (`LibrarySetUp`) runs in a thread meanwhile, launching `ops` (the
     model's, for `runtime.kernels`) once each.
@@ -41,10 +42,10 @@ def load_weights(model: H3Decoder, checkpoint: Checkpoint, runtime: Runtime, ops
     state_dict = {}
     for key, tensor in checkpoint.tensors(expected, device, host_keys):
         if is_block_linear(key):
-            tensor = tensor.to(device=linear_home, dtype=dtype)
+            tensor = checkpoint.owned(tensor.to(device=linear_home, dtype=dtype))
             state_dict[key] = tensor.pin_memory() if pin and not tensor.is_pinned() else tensor
         else:
-            state_dict[key] = tensor.to(device=device, dtype=torch.float32)
+            state_dict[key] = checkpoint.owned(tensor.to(device=device, dtype=torch.float32))
     if set_up is not None:
         set_up.join()  # (after a failed load it just ends by itself)
     # Parameters without grad before they are assigned: an inference tensor (ComfyUI loads its VAEs under

@@ -142,10 +142,10 @@ def test_select_falls_back_to_eager_with_a_warning(monkeypatch):
 
 def float64_decode(decoder: H3AudioDecoder, raw: torch.Tensor) -> torch.Tensor:
     """The eager forward in float64: the same weights, every op in double (the activations' factors recomputed
-    in double from alpha and beta)."""
+    in double from alpha and beta at the call)."""
     exact = H3AudioDecoder(decoder.config).to(decoder.device)
     exact.load_state_dict(decoder.state_dict())
-    exact.double().derive()
+    exact.double()
     with torch.inference_mode():
         return exact(raw.double().to(decoder.device)).squeeze(1)
 
@@ -167,3 +167,22 @@ def test_fused_decode_is_as_accurate_as_eager(tmp_path, device):
     fused_error = (got.double() - exact).abs().max().item()
     eager_error = (reference.double() - exact).abs().max().item()
     assert got.shape == reference.shape and 0 < fused_error <= 4 * eager_error + 1e-7, (fused_error, eager_error)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_decode_follows_changed_snake_parameters(tmp_path, device):
+    """The kernel gets SnakeBeta's factors from the parameters as they are at the call: alpha and beta changed
+    in place give the fused decode of a decoder loaded with the changed weights."""
+    vae = random_diffusers_audio_vae(seed=11, **OTHER_GEOMETRY)
+    fused = H3AudioDecoder.from_pretrained(write_diffusers(tmp_path / "a", vae), device=device, fused=True)
+    z = torch.randn(1, 2, 6, generator=torch.Generator().manual_seed(13)).to(device)
+    before = fused.decode(z)
+    with torch.no_grad():
+        for module in (vae, fused):
+            for name, parameter in module.named_parameters():
+                if name.endswith((".alpha", ".beta")):
+                    parameter.add_(0.3)
+    fresh = H3AudioDecoder.from_pretrained(write_diffusers(tmp_path / "b", vae), device=device, fused=True)
+    after = fused.decode(z)
+    assert not torch.equal(after, before)
+    assert torch.equal(after, fresh.decode(z))

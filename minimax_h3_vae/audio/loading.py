@@ -37,6 +37,7 @@ from ..checkpoints.files import (
     first_folder,
     headers,
     inside,
+    per_channel_stat,
     read_json,
     single_file,
 )
@@ -349,9 +350,9 @@ def _open_comfyui(path: Path, origin: str) -> AudioCheckpoint:
     proj, pre = shapes["dec_in_proj.weight"], shapes["decoder.conv_pre.weight"]
     stats = {}
     for name in STATS:
-        if shapes.get(name) == (proj[1],):
+        if per_channel_stat(shapes, name, proj[1], origin):
             with safe_open(str(path), framework="pt", device="cpu") as handle:
-                stats[name] = tuple(handle.get_tensor(name).double().tolist())
+                stats[name] = tuple(handle.get_tensor(name).double().flatten().tolist())
     try:
         config = H3AudioDecoderConfig(latent_channels=proj[1], latent_dim=proj[0], decoder_dim=pre[0], **stats)
     except ConfigError as error:
@@ -390,8 +391,8 @@ def _locate_original(repo_id: str, fetch: Callable[[str], Path], local_only: boo
 
 def load_weights(model: AudioDecoder, checkpoint: AudioCheckpoint, device: torch.device) -> None:
     """Fill `model` (built on the meta device) with the checkpoint's weights, float32 on `device`, each weight norm
-    folded there, then compute the activations' factors (`AudioDecoder.derive`)."""
+    folded there and each in storage of its own (`StoredCheckpoint.owned`: no view of the file)."""
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    state_dict = dict(checkpoint.tensors(expected, device))
+    state_dict = {key: checkpoint.owned(tensor) for key, tensor in checkpoint.tensors(expected, device)}
     model.load_state_dict(state_dict, strict=True, assign=True)
-    model.derive().eval().requires_grad_(False)
+    model.eval().requires_grad_(False)

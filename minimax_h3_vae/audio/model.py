@@ -146,8 +146,9 @@ class LowPass(nn.Module):
 class AntiAliasedActivation(nn.Module):
     """Upsample 2x -> SnakeBeta -> downsample 2x over (B, C, L) float32, through `ops.anti_aliased_snake_beta`.
 
-    `freq` and `inv_mag` ((1, C, 1), not stored) are SnakeBeta's factors, computed from alpha and beta by
-    `derive()` once the weights are in, with the same float32 ops the release runs at every call.
+    SnakeBeta's factors `freq` and `inv_mag` ((1, C, 1)) are computed from alpha and beta at every call, with
+    the release's float32 ops (2 C exponentials): the decode follows the parameters as they are then, after
+    `load_state_dict` or an in-place change alike.
     """
 
     def __init__(self, channels: int):
@@ -155,17 +156,11 @@ class AntiAliasedActivation(nn.Module):
         self.act = SnakeBeta(channels)
         self.upsample = KaiserSincFilter()
         self.downsample = LowPass()
-        self.register_buffer("freq", torch.empty(1, channels, 1), persistent=False)
-        self.register_buffer("inv_mag", torch.empty(1, channels, 1), persistent=False)
-
-    def derive(self) -> None:
-        self.freq = torch.exp(self.act.alpha.detach()).view(1, -1, 1)
-        self.inv_mag = (torch.exp(self.act.beta.detach()) + SNAKE_EPS).reciprocal().view(1, -1, 1)
 
     def forward(self, x: torch.Tensor, ops: SimpleNamespace) -> torch.Tensor:
-        return ops.anti_aliased_snake_beta(
-            x, self.freq, self.inv_mag, self.upsample.filter, self.downsample.lowpass.filter
-        )
+        freq = torch.exp(self.act.alpha).view(1, -1, 1)
+        inv_mag = (torch.exp(self.act.beta) + SNAKE_EPS).reciprocal().view(1, -1, 1)
+        return ops.anti_aliased_snake_beta(x, freq, inv_mag, self.upsample.filter, self.downsample.lowpass.filter)
 
 
 class Conv1d(nn.Module):
@@ -269,12 +264,6 @@ class AudioDecoder(nn.Module):
 
     def activations(self) -> list[AntiAliasedActivation]:
         return [module for module in self.modules() if isinstance(module, AntiAliasedActivation)]
-
-    def derive(self) -> AudioDecoder:
-        """Compute each activation's SnakeBeta factors from its parameters (after the weights are loaded)."""
-        for activation in self.activations():
-            activation.derive()
-        return self
 
     def forward(self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS) -> torch.Tensor:
         """z: (B, latent_channels, N) float32 denormalised latents, one mono channel per batch item ->

@@ -101,6 +101,10 @@ class Checkpoint(StoredCheckpoint):
             if reader is not None:
                 reader.close()
 
+    def owned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A checkpoint in memory shares its tensors with the decoder (diffusers' swap, ComfyUI's VAE nodes)."""
+        return tensor if self.in_memory is not None else super().owned(tensor)
+
     def read(self, handles: dict, name: str, reader: DeviceReader | None = None, pinned: bool = False) -> torch.Tensor:
         if self.in_memory is not None:
             return self.in_memory[name]

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from ..config import ConfigError, H3DecoderConfig
 from .checkpoint import DECODER_PREFIXES, Checkpoint
-from .files import CheckpointError, headers
+from .files import CheckpointError, headers, per_channel_stat
 
 
 def open_comfyui(path: Path, origin: str) -> Checkpoint:
@@ -21,17 +21,19 @@ def open_comfyui(path: Path, origin: str) -> Checkpoint:
 
     def read_stat(name: str) -> tuple[float, ...]:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
-            return tuple(handle.get_tensor(name).float().tolist())
+            return tuple(handle.get_tensor(name).float().flatten().tolist())
 
     return Checkpoint("comfyui", comfyui_config(shapes, read_stat, origin), where, shapes, origin)
 
 
 def comfyui_config(
-    shapes: dict[str, tuple[int, ...]], read_stat: Callable[[str], tuple[float, ...]], origin: str
+    shapes: dict[str, tuple[int, ...]], read_stat: Callable[[str], tuple[float, ...]] | None, origin: str
 ) -> H3DecoderConfig:
     """The config of a checkpoint without one (a ComfyUI file, or the weights of a ComfyUI VAE in memory):
     the released architecture, with the width, block count and latent channels read off the tensor shapes
-    and the latent statistics from its `latents_mean` / `latents_std` tensors when present (`read_stat`)."""
+    and the latent statistics from its `latents_mean` / `latents_std` tensors when present (`read_stat`, flattened
+    values; None: their shapes are checked and none is read): C values, as (C,) or with size-1 dims around
+    them; any other shape is refused (`per_channel_stat`)."""
     if "decoder.x_embedder.weight" not in shapes:
         raise CheckpointError(
             f"{origin}: no decoder.x_embedder.weight: not a MiniMax-H3 video VAE in the original/ComfyUI layout"
@@ -51,9 +53,10 @@ def comfyui_config(
         )
     default = H3DecoderConfig()
     settings = dict(latent_channels=latent_channels, num_layers=len(blocks), num_heads=dim // default.head_dim)
-    stats = {
-        name: read_stat(name) for name in ("latents_mean", "latents_std") if shapes.get(name) == (latent_channels,)
-    }
+    present = [
+        name for name in ("latents_mean", "latents_std") if per_channel_stat(shapes, name, latent_channels, origin)
+    ]
+    stats = {name: read_stat(name) for name in present} if read_stat is not None else {}
     try:
         return H3DecoderConfig(**settings, **stats)
     except ConfigError as error:

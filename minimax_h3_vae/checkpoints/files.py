@@ -138,3 +138,19 @@ def fields(source: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
     """The config fields a config file sets, through its table `keys` (field -> the file's key). A field the
     file leaves out keeps the config dataclass's default, the released value."""
     return {field: source[key] for field, key in keys.items() if key in source}
+
+
+def per_channel_stat(shapes: dict[str, tuple[int, ...]], name: str, channels: int, origin: str) -> bool:
+    """Whether a file without a config holds latent statistic `name` (`latents_mean` / `latents_std`): one
+    value per latent channel, stored as ({channels},) or with size-1 dims around it ((1, C, 1), (1, C, 1, 1, 1)),
+    which are read flattened. Any other shape is a CheckpointError naming the shape expected: statistics that
+    cannot be read are never replaced by the release's in silence."""
+    if name not in shapes:
+        return False
+    shape = shapes[name]
+    if [size for size in shape if size != 1] == [channels] or (channels == 1 and all(size == 1 for size in shape)):
+        return True
+    raise CheckpointError(
+        f"{origin}: {name} has shape {list(shape)}, expected [{channels}] (one value per latent channel); fix or "
+        "remove the tensor (without it the release's statistics are used)"
+    )

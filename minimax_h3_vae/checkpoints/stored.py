@@ -57,6 +57,14 @@ class StoredCheckpoint:
                 f"{' ...' if len(unexpected) > 5 else ''} ({self.stray_hint()}; is this a different model?)"
             )
 
+    def owned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` in storage of its own: a copy where it is still a view of the file's memory map (a CPU read
+        that no cast or combination copied). A decoder keeps no view of a file: a file truncated or rewritten
+        under a loaded decoder would otherwise end its process (SIGBUS) or change its weights."""
+        if tensor.device.type == "cpu" and not tensor.is_pinned() and not tensor.untyped_storage().resizable():
+            return tensor.clone()  # safetensors' mapped tensors have fixed-size storage; allocated ones do not
+        return tensor
+
     def read(self, handles: dict, name: str, reader: DeviceReader | None = None, pinned: bool = False) -> torch.Tensor:
         """Stored tensor `name` as stored: through `reader` onto its device (or with `pinned` into pinned host
         memory) where it can read it, else on the CPU through a safetensors handle kept in `handles`."""

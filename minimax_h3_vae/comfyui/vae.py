@@ -54,9 +54,8 @@ def structure(state: dict[str, torch.Tensor]) -> H3DecoderConfig:
     values yet), after checking that they are exactly the tensors of an H3 decoder, by names and shapes;
     ValueError naming the supported ComfyUI versions otherwise. Reads no tensor."""
     shapes = {k: tuple(t.shape) for k, t in state.items()}
-    unread = {k: v for k, v in shapes.items() if k not in ("latents_mean", "latents_std")}
     try:
-        config = comfyui_config(unread, None, "the ComfyUI VAE")  # no statistics given: none is read
+        config = comfyui_config(shapes, None, "the ComfyUI VAE")  # the statistics' shapes checked, none read
         with torch.device("meta"):
             expected = {k: tuple(t.shape) for k, t in H3Decoder(config).state_dict().items()}
         Checkpoint("original", config, {}, shapes, "the ComfyUI VAE").check(expected)
@@ -72,7 +71,7 @@ def _read_config(state: dict[str, torch.Tensor]) -> H3DecoderConfig:
     """The config of a ComfyUI VAE's H3 tensors whose structure `structure` checked, with the VAE's own latent
     statistics (read from its tensors, which must hold values)."""
     shapes = {k: tuple(t.shape) for k, t in state.items()}
-    return comfyui_config(shapes, lambda name: tuple(state[name].float().tolist()), "the ComfyUI VAE")
+    return comfyui_config(shapes, lambda name: tuple(state[name].float().flatten().tolist()), "the ComfyUI VAE")
 
 
 def _has(module: torch.nn.Module, path: str) -> bool:
