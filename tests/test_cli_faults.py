@@ -242,6 +242,42 @@ def test_signal_during_decoding(tmp_path, signum, code):
     assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5, 1.0])
+def test_signal_during_start_up(tmp_path, delay):
+    """A real SIGTERM while torch is still importing (its library is mapped: the import has begun), and a
+    little later: the one line, exit 143, nothing written, an existing OUT unchanged."""
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))  # 9 chunks: several seconds
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            maps, deadline = Path(f"/proc/{process.pid}/maps"), time.monotonic() + 120
+            while "libtorch" not in maps.read_text():
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "torch was never imported"
+                time.sleep(0.005)
+            time.sleep(delay)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 143, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines and lines[-1] == "interrupted by SIGTERM: nothing was written", log.read_text()
+    assert sum("nothing was written" in line for line in lines) == 1 and "Traceback" not in log.read_text()
+    assert out.read_bytes() == OLD
+    assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
+
+
 def test_temp_name_is_short_and_recognisable(tmp_path):
     name = files.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
     assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40

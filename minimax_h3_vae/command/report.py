@@ -3,32 +3,12 @@ code and its one line (`describe`)."""
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from .. import distributed
 from ..text import one_line, shown
 from .output import WriteError
-
-# Every signal whose default action ends the process and that a handler may catch (SIGKILL and SIGSTOP
-# cannot be caught; SIGPIPE stays ignored, as Python sets it, so a closed pipe is an error where it is
-# written; the fault signals SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT are crashes, not requests to stop).
-STOP_SIGNALS = {
-    signum: signum.name
-    for signum in (
-        signal.SIGINT,
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGQUIT,
-        signal.SIGUSR1,
-        signal.SIGUSR2,
-        signal.SIGALRM,
-        signal.SIGVTALRM,
-        signal.SIGPROF,
-        signal.SIGXCPU,
-        signal.SIGXFSZ,
-    )
-}
+from .stops import STOP_SIGNALS
 
 # What writing to a closed (None or a closed file), full or broken stream raises.
 STREAM_ERRORS = (OSError, ValueError, AttributeError)
