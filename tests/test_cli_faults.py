@@ -42,6 +42,8 @@ from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, to_uint8_
 from minimax_h3_vae import latents as latents_module
 from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from minimax_h3_vae.command import output
+from minimax_h3_vae.command.main import progress_bar
+from minimax_h3_vae.command.report import say
 
 
 @pytest.fixture(autouse=True)
@@ -276,6 +278,24 @@ def test_signal_during_start_up(tmp_path, delay):
     assert sum("nothing was written" in line for line in lines) == 1 and "Traceback" not in log.read_text()
     assert out.read_bytes() == OLD
     assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
+
+
+def test_the_error_line_starts_its_own_line_over_a_progress_bar(capsys):
+    """A rank's watchdog says the one line from its own thread, whatever the bar was doing (under torchrun, a
+    surviving rank's bar is mid-line when rank 0 is killed): the line starts at column 0, and a bar that
+    has closed its line gets no blank line after it."""
+    capsys.readouterr()
+    bar = progress_bar(9)
+    bar.update(3)  # the bar's line is drawn, with no newline after it
+    said = threading.Thread(target=say, args=("error: rank 0 has stopped; nothing was written",))
+    said.start()
+    said.join()
+    err = capsys.readouterr().err
+    assert "error: rank 0 has stopped; nothing was written" in err.split("\n"), repr(err)
+    bar.close()
+    capsys.readouterr()
+    say("error: again")
+    assert capsys.readouterr().err == "error: again\n"
 
 
 def test_temp_name_is_short_and_recognisable(tmp_path):

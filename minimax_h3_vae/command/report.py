@@ -4,6 +4,7 @@ code and its one line (`describe`)."""
 from __future__ import annotations
 
 import sys
+import threading
 
 from .. import distributed
 from ..text import one_line, shown
@@ -16,13 +17,22 @@ STREAM_ERRORS = (OSError, ValueError, AttributeError)
 
 class Diagnostics:
     """A file-like stderr (for `say`, tqdm and tracebacks) that writes best-effort: a closed, full or broken
-    stderr never costs the output."""
+    stderr never costs the output.
+
+    It remembers whether its last text ended inside a line (a progress bar redraws its line with a carriage
+    return and no newline), so that `say` starts its line on a fresh one, whichever thread says it."""
+
+    _lock = threading.RLock()  # a write and the note of where it ended go together
+    _mid_line = False
 
     def write(self, text: str) -> None:
-        try:
-            sys.stderr.write(text)
-        except STREAM_ERRORS:
-            pass
+        with Diagnostics._lock:
+            if text:
+                Diagnostics._mid_line = not text.endswith("\n")
+            try:
+                sys.stderr.write(text)
+            except STREAM_ERRORS:
+                pass
 
     def flush(self) -> None:
         try:
@@ -32,9 +42,11 @@ class Diagnostics:
 
 
 def say(line: str) -> None:
-    """One line on stderr, best-effort (Diagnostics)."""
+    """One line on stderr, best-effort (Diagnostics), starting a line of its own even where a progress bar
+    has left the cursor inside its line."""
     diagnostics = Diagnostics()
-    diagnostics.write(line + "\n")
+    with Diagnostics._lock:
+        diagnostics.write(("\n" if Diagnostics._mid_line else "") + line + "\n")
     diagnostics.flush()
 
 
