@@ -298,6 +298,30 @@ def test_the_error_line_starts_its_own_line_over_a_progress_bar(capsys):
     assert capsys.readouterr().err == "error: again\n"
 
 
+def test_a_stop_just_after_the_rename_says_the_output_is_complete(capsys, tmp_path, monkeypatch):
+    """A real SIGINT sent the instant OUT has been renamed into place (the summary line still to come, as when
+    a parent that does not read stderr lets it block): exit 130, and the line says OUT is complete, never
+    that nothing was written over a file that was."""
+    out = tmp_path / "f.safetensors"
+    out.write_bytes(OLD)
+    latents = latents_file(tmp_path / "z.safetensors")
+    real_replace = os.replace
+
+    def replace_then_stop(source, target):
+        real_replace(source, target)
+        if Path(target) == out:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(output.os, "replace", replace_then_stop)
+    code, err = run_cli(capsys, latents, out)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130, err
+    assert lines[-1] == f"interrupted by SIGINT: {out} was already written and is complete", err
+    assert "nothing was written" not in err and "Traceback" not in err
+    assert load_file(str(out))["video"].shape[0] == 9  # the new output, whole
+    assert tree(tmp_path) == {"f.safetensors", "z.safetensors"}
+
+
 def test_temp_name_is_short_and_recognisable(tmp_path):
     name = files.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
     assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40

@@ -9,7 +9,7 @@ import threading
 from .. import distributed
 from ..text import one_line, shown
 from .output import WriteError
-from .stops import STOP_SIGNALS
+from .stops import STOP_SIGNALS, stopped_line
 
 # What writing to a closed (None or a closed file), full or broken stream raises.
 STREAM_ERRORS = (OSError, ValueError, AttributeError)
@@ -85,9 +85,9 @@ def _describe(error: BaseException) -> tuple[int, str]:
     gone = distributed.stopped_ranks()  # under torchrun, the ranks of this host that have stopped
     cause = f" (rank {', '.join(map(str, gone))} had stopped)" if gone else ""
     if isinstance(error, Stopped):
-        return 128 + error.signum, f"interrupted by {error}{cause}: nothing was written"
+        return 128 + error.signum, stopped_line(str(error), cause)
     if isinstance(error, KeyboardInterrupt):
-        return 130, f"interrupted by SIGINT{cause}: nothing was written"
+        return 130, stopped_line("SIGINT", cause)
     if isinstance(error, distributed.RankLost):
         return 1, f"error: {error}; nothing was written"
     if isinstance(error, distributed.RankFailed):

@@ -28,9 +28,9 @@ STOP_SIGNALS = {
 
 
 def stop_at_start(signum, frame) -> None:
-    """A stop signal while the command starts (torch and the package still importing): nothing can have been
-    written yet, so the one line and the exit code (128 + the signal) are all there is to do."""
-    line = f"interrupted by {STOP_SIGNALS.get(signum, f'signal {signum}')}: nothing was written\n"
+    """A stop signal while the command starts (torch and the package still importing) or ends (after `main`):
+    nothing is left to clean up, so the one line and the exit code (128 + the signal) are all there is to do."""
+    line = stopped_line(STOP_SIGNALS.get(signum, f"signal {signum}")) + "\n"
     try:
         os.write(2, line.encode())
     except OSError:  # a closed or broken stderr: the exit code still says it
@@ -43,3 +43,28 @@ def handle_stops_at_start() -> None:
     for the run, and puts these back after it."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop_at_start)
+
+
+class Written:
+    """The output this run is renaming over OUT (`path`, as shown, and its temporary file `temp`), noted just
+    before the rename: once the temporary file is gone, renamed, a stop says OUT is complete, never that
+    nothing was written. A stop signal may arrive on any thread, even during the rename, so what decides is
+    the file system, not when the note was made. `main` forgets it as a run starts; a discarded output too."""
+
+    path: str | None = None
+    temp: str | None = None
+
+    @classmethod
+    def note(cls, path: str | None, temp: str | None = None) -> None:
+        cls.path, cls.temp = path, temp
+
+    @classmethod
+    def complete(cls) -> bool:
+        return cls.path is not None and cls.temp is not None and not os.path.lexists(cls.temp)
+
+
+def stopped_line(name: str, cause: str = "") -> str:
+    """The one line for a stop by the signal `name` (`cause`: what else is known, such as stopped ranks)."""
+    if Written.complete():
+        return f"interrupted by {name}{cause}: {Written.path} was already written and is complete"
+    return f"interrupted by {name}{cause}: nothing was written"
