@@ -124,7 +124,7 @@ def test_console_script_is_installed_and_runs(tmp_path):
     except PackageNotFoundError:
         pytest.skip("the package is imported from a source tree, not installed: no console script")
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.command.main:console_main"
+    assert scripts.get("minimax-h3-decode") == "minimax_h3_vae.command.console:console_main"
     command = shutil.which("minimax-h3-decode", path=str(Path(sys.executable).parent))
     assert command, "the console script is not beside this Python"
     result = subprocess.run([command, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)

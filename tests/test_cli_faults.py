@@ -42,6 +42,8 @@ from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, to_uint8_
 from minimax_h3_vae import latents as latents_module
 from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from minimax_h3_vae.command import output
+from minimax_h3_vae.command.main import progress_bar
+from minimax_h3_vae.command.report import say
 
 
 @pytest.fixture(autouse=True)
@@ -240,6 +242,84 @@ def test_signal_during_decoding(tmp_path, signum, code):
     assert "Traceback" not in log.read_text()
     assert out.read_bytes() == OLD and out.stat().st_mode & 0o777 == 0o640
     assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1, 0.25, 0.5])
+def test_signal_during_start_up(tmp_path, delay):
+    """A real SIGTERM while torch is still importing (its library is mapped: the import has begun), and a
+    little later: the one line, exit 143, nothing written, an existing OUT unchanged."""
+    out = tmp_path / "v.mp4"
+    out.write_bytes(OLD)
+    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))  # 9 chunks: several seconds
+    latents = latents_file(tmp_path / "z.safetensors", z)
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
+            stderr=stderr,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            maps, deadline = Path(f"/proc/{process.pid}/maps"), time.monotonic() + 120
+            while "libtorch" not in maps.read_text():
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "torch was never imported"
+                time.sleep(0.005)
+            time.sleep(delay)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 143, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines and lines[-1] == "interrupted by SIGTERM: nothing was written", log.read_text()
+    assert sum("nothing was written" in line for line in lines) == 1 and "Traceback" not in log.read_text()
+    assert out.read_bytes() == OLD
+    assert tree(tmp_path) == {"v.mp4", "z.safetensors", "stderr.txt"}
+
+
+def test_the_error_line_starts_its_own_line_over_a_progress_bar(capsys):
+    """A rank's watchdog says the one line from its own thread, whatever the bar was doing (under torchrun, a
+    surviving rank's bar is mid-line when rank 0 is killed): the line starts at column 0, and a bar that
+    has closed its line gets no blank line after it."""
+    capsys.readouterr()
+    bar = progress_bar(9)
+    bar.update(3)  # the bar's line is drawn, with no newline after it
+    said = threading.Thread(target=say, args=("error: rank 0 has stopped; nothing was written",))
+    said.start()
+    said.join()
+    err = capsys.readouterr().err
+    assert "error: rank 0 has stopped; nothing was written" in err.split("\n"), repr(err)
+    bar.close()
+    capsys.readouterr()
+    say("error: again")
+    assert capsys.readouterr().err == "error: again\n"
+
+
+def test_a_stop_just_after_the_rename_says_the_output_is_complete(capsys, tmp_path, monkeypatch):
+    """A real SIGINT sent the instant OUT has been renamed into place (the summary line still to come, as when
+    a parent that does not read stderr lets it block): exit 130, and the line says OUT is complete, never
+    that nothing was written over a file that was."""
+    out = tmp_path / "f.safetensors"
+    out.write_bytes(OLD)
+    latents = latents_file(tmp_path / "z.safetensors")
+    real_replace = os.replace
+
+    def replace_then_stop(source, target):
+        real_replace(source, target)
+        if Path(target) == out:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(output.os, "replace", replace_then_stop)
+    code, err = run_cli(capsys, latents, out)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130, err
+    assert lines[-1] == f"interrupted by SIGINT: {out} was already written and is complete", err
+    assert "nothing was written" not in err and "Traceback" not in err
+    assert load_file(str(out))["video"].shape[0] == 9  # the new output, whole
+    assert tree(tmp_path) == {"f.safetensors", "z.safetensors"}
 
 
 def test_temp_name_is_short_and_recognisable(tmp_path):

@@ -56,7 +56,7 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     missing = sorted(expected - names)
     assert not missing, f"missing from the wheel: {missing}"
     assert not [n for n in names if not n.startswith((f"{PACKAGE}/", f"{PACKAGE}-"))], "only the package"
-    assert "[console_scripts]\nminimax-h3-decode = minimax_h3_vae.command.main:console_main" in scripts
+    assert "[console_scripts]\nminimax-h3-decode = minimax_h3_vae.command.console:console_main" in scripts
 
 
 def release(version: str) -> tuple[int, ...]:

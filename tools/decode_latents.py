@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minimax_h3_vae.command.main import console_main  # noqa: E402
+from minimax_h3_vae.command.console import console_main  # noqa: E402
 
 if __name__ == "__main__":
     console_main()

@@ -1,5 +1,5 @@
 """`python -m minimax_h3_vae.command`: the `minimax-h3-decode` command."""
 
-from .main import console_main
+from .console import console_main
 
 console_main()

@@ -34,6 +34,7 @@ from .flags import parse_args
 from .preflight import Prepared, prepare
 from .report import STOP_SIGNALS, STREAM_ERRORS, Agreed, Diagnostics, InputError, Stopped, describe, say
 from .signals import Watchdog, reserve_cpu_time, unwind
+from .stops import Written
 from .writer import BackgroundWriter
 
 
@@ -175,6 +176,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    Written.note(None)
     handlers, cpu_limit = {}, None
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:

@@ -40,6 +40,7 @@ from ..files import check_length, create_temp, new_file_mode
 from ..frames import to_uint8_frames
 from ..text import one_line, shown
 from .colour import to_yuv420p_frames, yuv420p_bytes
+from .stops import Written
 
 OUTPUT_FORMATS = (".mp4", ".safetensors", ".wav", ".flac")
 AUDIO_FORMATS = (".wav", ".flac")  # the sound alone: the video is not decoded
@@ -340,6 +341,7 @@ class OutputFile:
             except FileNotFoundError:
                 mode = new_file_mode(self.output.parent)
             os.chmod(self.temp, mode)
+            Written.note(shown(self.output), str(self.temp))  # a stop from here on checks whether it was renamed
             os.replace(self.temp, self.output)
         except OSError as error:
             raise WriteError(self._failed(error)) from None
@@ -353,6 +355,8 @@ class OutputFile:
             pass
         finally:
             try:
+                if os.path.lexists(self.temp):  # not renamed: OUT is as it was
+                    Written.note(None)
                 self.temp.unlink(missing_ok=True)
             except OSError:
                 pass

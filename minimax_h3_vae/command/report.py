@@ -3,32 +3,13 @@ code and its one line (`describe`)."""
 
 from __future__ import annotations
 
-import signal
 import sys
+import threading
 
 from .. import distributed
 from ..text import one_line, shown
 from .output import WriteError
-
-# Every signal whose default action ends the process and that a handler may catch (SIGKILL and SIGSTOP
-# cannot be caught; SIGPIPE stays ignored, as Python sets it, so a closed pipe is an error where it is
-# written; the fault signals SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT are crashes, not requests to stop).
-STOP_SIGNALS = {
-    signum: signum.name
-    for signum in (
-        signal.SIGINT,
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGQUIT,
-        signal.SIGUSR1,
-        signal.SIGUSR2,
-        signal.SIGALRM,
-        signal.SIGVTALRM,
-        signal.SIGPROF,
-        signal.SIGXCPU,
-        signal.SIGXFSZ,
-    )
-}
+from .stops import STOP_SIGNALS, stopped_line
 
 # What writing to a closed (None or a closed file), full or broken stream raises.
 STREAM_ERRORS = (OSError, ValueError, AttributeError)
@@ -36,13 +17,22 @@ STREAM_ERRORS = (OSError, ValueError, AttributeError)
 
 class Diagnostics:
     """A file-like stderr (for `say`, tqdm and tracebacks) that writes best-effort: a closed, full or broken
-    stderr never costs the output."""
+    stderr never costs the output.
+
+    It remembers whether its last text ended inside a line (a progress bar redraws its line with a carriage
+    return and no newline), so that `say` starts its line on a fresh one, whichever thread says it."""
+
+    _lock = threading.RLock()  # a write and the note of where it ended go together
+    _mid_line = False
 
     def write(self, text: str) -> None:
-        try:
-            sys.stderr.write(text)
-        except STREAM_ERRORS:
-            pass
+        with Diagnostics._lock:
+            if text:
+                Diagnostics._mid_line = not text.endswith("\n")
+            try:
+                sys.stderr.write(text)
+            except STREAM_ERRORS:
+                pass
 
     def flush(self) -> None:
         try:
@@ -52,9 +42,11 @@ class Diagnostics:
 
 
 def say(line: str) -> None:
-    """One line on stderr, best-effort (Diagnostics)."""
+    """One line on stderr, best-effort (Diagnostics), starting a line of its own even where a progress bar
+    has left the cursor inside its line."""
     diagnostics = Diagnostics()
-    diagnostics.write(line + "\n")
+    with Diagnostics._lock:
+        diagnostics.write(("\n" if Diagnostics._mid_line else "") + line + "\n")
     diagnostics.flush()
 
 
@@ -93,9 +85,9 @@ def _describe(error: BaseException) -> tuple[int, str]:
     gone = distributed.stopped_ranks()  # under torchrun, the ranks of this host that have stopped
     cause = f" (rank {', '.join(map(str, gone))} had stopped)" if gone else ""
     if isinstance(error, Stopped):
-        return 128 + error.signum, f"interrupted by {error}{cause}: nothing was written"
+        return 128 + error.signum, stopped_line(str(error), cause)
     if isinstance(error, KeyboardInterrupt):
-        return 130, f"interrupted by SIGINT{cause}: nothing was written"
+        return 130, stopped_line("SIGINT", cause)
     if isinstance(error, distributed.RankLost):
         return 1, f"error: {error}; nothing was written"
     if isinstance(error, distributed.RankFailed):
