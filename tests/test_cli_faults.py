@@ -200,6 +200,20 @@ def test_output_is_a_checkpoint_file(capsys, tmp_path, how):
 # ---- signals -------------------------------------------------------------------------------------------------------
 
 
+def start_long_decode(folder: Path, out: Path, stderr) -> subprocess.Popen:
+    """The command as a real process, decoding 9 chunks of latents (several seconds on the CPU, written to
+    folder/z.safetensors) to `out`, its stderr to `stderr`."""
+    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))
+    latents = latents_file(folder / "z.safetensors", z)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
+        stderr=stderr,
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
+
+
 @pytest.mark.parametrize(
     "signum, code",
     [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
@@ -212,20 +226,11 @@ def test_output_is_a_checkpoint_file(capsys, tmp_path, how):
 )
 def test_signal_during_decoding(tmp_path, signum, code):
     """A real process, a real signal once its temporary output exists and frames are being decoded."""
-    out = tmp_path / "v.mp4"
+    out, log = tmp_path / "v.mp4", tmp_path / "stderr.txt"
     out.write_bytes(OLD)
     os.chmod(out, 0o640)
-    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))  # 9 chunks: several seconds
-    latents = latents_file(tmp_path / "z.safetensors", z)
-    log = tmp_path / "stderr.txt"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
     with open(log, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
-            stderr=stderr,
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
+        process = start_long_decode(tmp_path, out, stderr)
         try:
             deadline = time.monotonic() + 120
             while not (list(tmp_path.glob(".minimax-h3-decode-*.part.mp4")) and "frames of" in log.read_text()):
@@ -248,19 +253,10 @@ def test_signal_during_decoding(tmp_path, signum, code):
 def test_signal_during_start_up(tmp_path, delay):
     """A real SIGTERM while torch is still importing (its library is mapped: the import has begun), and a
     little later: the one line, exit 143, nothing written, an existing OUT unchanged."""
-    out = tmp_path / "v.mp4"
+    out, log = tmp_path / "v.mp4", tmp_path / "stderr.txt"
     out.write_bytes(OLD)
-    z = torch.randn(24, 42, 4, 4, generator=torch.Generator().manual_seed(2))  # 9 chunks: several seconds
-    latents = latents_file(tmp_path / "z.safetensors", z)
-    log = tmp_path / "stderr.txt"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MINIMAX_H3_VAE_FUSED": "0"}
     with open(log, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(latents), str(out), "--model", str(TINY), "--device", "cpu"],
-            stderr=stderr,
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
+        process = start_long_decode(tmp_path, out, stderr)
         try:
             maps, deadline = Path(f"/proc/{process.pid}/maps"), time.monotonic() + 120
             while "libtorch" not in maps.read_text():
