@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import math
 import os
@@ -316,6 +317,69 @@ def test_a_stop_just_after_the_rename_says_the_output_is_complete(capsys, tmp_pa
     assert "nothing was written" not in err and "Traceback" not in err
     assert load_file(str(out))["video"].shape[0] == 9  # the new output, whole
     assert tree(tmp_path) == {"f.safetensors", "z.safetensors"}
+
+
+def read_keeping_full(read_end: int, top_up: int) -> bytes:
+    """What the command wrote to the pipe since the last call (the filler taken out), leaving the pipe full
+    again, so that the command's next write to its stderr blocks until the next call."""
+    said = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(read_end, 65536):
+            said += chunk
+    for size in (4096, 1024, 256, 64, 16, 4, 1):  # a write of up to PIPE_BUF bytes goes whole or not at all
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(top_up, b"\0" * size)
+    return said.replace(b"\0", b"")
+
+
+def test_a_real_stop_while_the_summary_waits_on_stderr(tmp_path):
+    """Row 1's repro with a real process: its stderr is a pipe that the parent keeps full, reading only between
+    checks, so the command's summary line blocks once OUT has been renamed into place; then a real SIGINT.
+    Exit 130 and the last line says OUT is complete, never that nothing was written. A few trials: the summary
+    may slip out between two reads, and the trial that counts is one where it did not."""
+    trials = []
+    for _ in range(3):
+        out = tmp_path / "v.safetensors"
+        out.write_bytes(OLD)
+        old_inode = out.stat().st_ino
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+        os.set_blocking(read_end, False)
+        # The parent's own writing end, non-blocking; the command's stays blocking (its own open file).
+        top_up = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        said = read_keeping_full(read_end, top_up)
+        try:
+            process = start_long_decode(tmp_path, out, write_end)
+            os.close(write_end)
+            deadline = time.monotonic() + 120
+            while out.stat().st_ino == old_inode:
+                assert process.poll() is None, said.decode()
+                assert time.monotonic() < deadline, "OUT was never renamed"
+                said += read_keeping_full(read_end, top_up)
+                time.sleep(0.01)
+            blocked = b"wrote" not in said  # the summary had not got out: it is waiting on the full pipe
+            process.send_signal(signal.SIGINT)
+            os.close(top_up)
+            os.set_blocking(read_end, True)
+            while chunk := os.read(read_end, 65536):
+                said += chunk
+            code = process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            os.close(read_end)
+        err = said.replace(b"\0", b"").decode()
+        lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+        assert "nothing was written" not in err and "Traceback" not in err, err
+        assert load_file(str(out))["video"].shape[0] == 141  # the new output, whole
+        assert tree(tmp_path) == {"v.safetensors", "z.safetensors"}
+        trials.append(blocked)
+        if blocked:
+            assert code == 130, err
+            assert lines[-1] == f"interrupted by SIGINT: {out} was already written and is complete", lines[-3:]
+            break
+    assert trials[-1], "the summary got out before the stop in every trial"
 
 
 def test_temp_name_is_short_and_recognisable(tmp_path):
