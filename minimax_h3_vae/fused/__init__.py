@@ -75,12 +75,10 @@ __all__ = [
 class Kernels:
     """What runs each op of the video decoder's blocks, decided once (`choose_kernels`); frozen.
 
-    Each field is an op of `blocks.EAGER_OPS`, its value the name of its registry line (registry.py) or its
-    eager one: rms_norm, scale_add_rms_norm, qk_rms_norm_rope, silu_mul: "triton" or "eager".
-    linear_silu_mul, linear_qk_rms_norm_rope: "quack" (one GEMM with the work in its epilogue), "cublas+triton"
-    (torch's linear, then the silu_mul / qk_rms_norm_rope kernel) or "eager". attention: "fa4" (flash-attn-4)
-    or "sdpa" (torch's, with the run's attention_backends). linear_fp32 (proj_out): "fp16x3" (quack, split fp16
-    operands), "tf32x3" (Triton) or "eager".
+    Each field is an op of `blocks.EAGER_OPS`; its value names the registry line that runs it (registry.py,
+    listed in docs/kernels.md: e.g. rms_norm="triton", linear_silu_mul="quack" or "cublas+triton",
+    linear_fp32="tf32x3"), or its eager op: "eager", and for the attention "sdpa" (torch's SDPA, with the run's
+    attention_backends).
     """
 
     eager_ops: ClassVar[SimpleNamespace] = blocks.EAGER_OPS
@@ -98,7 +96,7 @@ class Kernels:
 @dataclass(frozen=True)
 class AudioKernels:
     """What runs each op of the audio decoder (`audio_model.EAGER_OPS`), decided once (`choose_audio_kernels`);
-    frozen. anti_aliased_snake_beta: "triton" or "eager"."""
+    frozen. Values as in `Kernels`: a registry line's name, or "eager"."""
 
     eager_ops: ClassVar[SimpleNamespace] = audio_model.EAGER_OPS
 
