@@ -166,11 +166,10 @@ class H3VideoDecoder(H3Decoder):
         return ops
 
     def launch_counts(self) -> dict[str, int]:
-        """This decoder's kernel launches (the load's warm-up included), per kernel (its module's name,
-        `fused.LAUNCH_NAMES`): 'rms_norm', 'scale_add_rms_norm', 'qk_rms_norm_rope', 'silu_mul',
-        'tf32x3_linear', quack's 'linear_silu_mul', 'linear_qk_rms_norm_rope' and 'fp16x3_linear',
-        flash-attn-4's 'flash_attention' (and the audio decoder's 'anti_aliased_snake_beta', 0 here)."""
-        return {name: self._launches.get(name, 0) for name in fused.LAUNCH_NAMES}
+        """This decoder's kernel launches (the load's warm-up included), per kernel of the registry (its module's
+        name, `fused.LAUNCH_NAMES`: 'rms_norm', 'tf32x3_linear', quack's 'linear_silu_mul', ...; the audio
+        decoder's 'anti_aliased_snake_beta', 0 here)."""
+        return fused.launch_counts(self._launches)
 
     def memory_plan(self, shape: tuple[int, ...], **options) -> memory.MemoryPlan:
         """What `decode` of latents shaped `shape` (B, 24, T, h, w) holds, from shapes alone (a

@@ -23,7 +23,8 @@ from audio_checkpoints import OTHER_GEOMETRY, random_diffusers_audio_vae, write_
 
 from minimax_h3_vae import H3AudioDecoder  # noqa: E402
 from minimax_h3_vae.audio import model as audio_model  # noqa: E402
-from minimax_h3_vae.fused import interpreting, select_audio_ops  # noqa: E402
+from minimax_h3_vae.audio.config import H3AudioDecoderConfig  # noqa: E402
+from minimax_h3_vae.fused import choose_audio_kernels, interpreting, ops_for  # noqa: E402
 from minimax_h3_vae.fused.anti_aliased_snake_beta import (  # noqa: E402
     anti_aliased_snake_beta,
     anti_aliased_snake_beta_reference,
@@ -136,7 +137,7 @@ def test_select_falls_back_to_eager_with_a_warning(monkeypatch):
     so once."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.warns(UserWarning, match=r"anti_aliased_snake_beta \(tensors on cpu need a CUDA device"):
-        ops = select_audio_ops(torch.device("cpu"))
+        ops = ops_for(choose_audio_kernels(H3AudioDecoderConfig(), torch.device("cpu")))
     assert ops.anti_aliased_snake_beta is audio_model.anti_aliased_snake_beta
 
 

@@ -7,7 +7,6 @@ interpreter is quick, but odd: row and token counts that fill no block, rows nar
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 
@@ -19,7 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from minimax_h3_vae import H3DecoderConfig, blocks  # noqa: E402
-from minimax_h3_vae.fused import interpreting, select_ops  # noqa: E402
+from minimax_h3_vae.fused import interpreting, kernel_module, registry, select_ops  # noqa: E402
 from minimax_h3_vae.fused import qk_rms_norm_rope as qk_module  # noqa: E402
 from minimax_h3_vae.fused import rms_norm as rms_norm_module  # noqa: E402
 from minimax_h3_vae.fused import tf32x3_linear as tf32x3_module  # noqa: E402
@@ -242,21 +241,13 @@ def test_tf32x3_linear_is_float32_accurate():
     assert error <= 4 * plain_error + 1e-6, (error, plain_error)
 
 
+# The video decoder's kernels that every fused run takes where they run (registry.py), op -> launcher; their
+# interface is checked with every other kernel's in tests/test_kernel_registry.py.
 LAUNCHERS = {
-    "rms_norm": rms_norm,
-    "scale_add_rms_norm": scale_add_rms_norm,
-    "qk_rms_norm_rope": qk_rms_norm_rope,
-    "silu_mul": silu_mul,
-    "linear_fp32": linear_fp32,
+    line.op: getattr(kernel_module(line.module), line.op)
+    for line in registry.KERNELS
+    if line.module and line.option is None and hasattr(blocks.EAGER_OPS, line.op)
 }
-
-
-def test_launchers_have_the_eager_signatures():
-    for name, launcher in LAUNCHERS.items():
-        fused, eager = inspect.signature(launcher), inspect.signature(getattr(blocks.EAGER_OPS, name))
-        # beyond the eager op's parameters, only the model's state that `fused.ops_for` binds (keyword-only)
-        state = [p.name for p in fused.parameters.values() if p.kind == p.KEYWORD_ONLY]
-        assert [p for p in fused.parameters if p not in state] == list(eager.parameters) and state == ["launches"]
 
 
 @pytest.mark.parametrize("device", DEVICES)

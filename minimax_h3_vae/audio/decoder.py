@@ -6,7 +6,8 @@
       -> (C, 800 N) float32 waveform in [-1, 1] at 32 kHz
 
 The fused path (CUDA, where Triton runs) swaps the eager anti-aliased activation for its kernel
-(fused/anti_aliased_snake_beta.py); everything else is the same float32 code.
+(fused/anti_aliased_snake_beta.py), chosen as the video decoder's kernels are (`fused.choose_audio_kernels`,
+from the same registry); everything else is the same float32 code.
 """
 
 from __future__ import annotations
@@ -16,25 +17,28 @@ from types import SimpleNamespace
 
 import torch
 
+from ..fused import AudioKernels, choose_audio_kernels, launch_counts, ops_for
 from ..latents import check_audio_latents
 from ..runtime import resolve_device, resolve_fused
 from .config import H3AudioDecoderConfig
 from .loading import DEFAULT_REPO, AudioCheckpoint, load_checkpoint, load_weights
-from .model import EAGER_OPS, AudioDecoder
+from .model import AudioDecoder
 
 
 class H3AudioDecoder(AudioDecoder):
     """Decodes MiniMax-H3 audio latents into a waveform per stereo channel, exactly as released, in float32.
 
     Build it with `H3AudioDecoder.from_pretrained(...)`; `decode(audio_latents)` is the whole release pipeline
-    (denormalisation included). The checkpoint is `self.config`; `self.fused` says whether the anti-aliased
-    activations run as the Triton kernel; `launch_counts()` counts this decoder's launches of it.
+    (denormalisation included). The checkpoint is `self.config`; `self.fused` says whether the fused path is
+    on, and `self.kernels` what runs each op there (chosen once, at load); `launch_counts()` counts this
+    decoder's kernel launches.
     """
 
     def __init__(self, config: H3AudioDecoderConfig, fused: bool = False):
         super().__init__(config)
         self.fused = fused
-        self._ops: dict[torch.device, SimpleNamespace] = {}  # the fused path's ops, per device
+        self._kernels: dict[torch.device, AudioKernels] = {}  # the choice, per device the model ran on
+        self._ops: dict[AudioKernels, SimpleNamespace] = {}  # the ops of each choice
         self._launches: dict[str, int] = {}  # the kernel launches of those ops (`launch_counts`)
 
     @classmethod
@@ -70,6 +74,7 @@ class H3AudioDecoder(AudioDecoder):
         with torch.device("meta"):
             model = cls(checkpoint.config, fused)
         load_weights(model, checkpoint, device)
+        model.ops()  # the kernels chosen once, at load (any warning comes here)
         return model
 
     @property
@@ -81,23 +86,26 @@ class H3AudioDecoder(AudioDecoder):
         """Samples per latent (800)."""
         return self.config.hop_length
 
-    def ops(self) -> SimpleNamespace:
-        """The activation op: eager, or the fused kernel when `self.fused` (selected once per device, with a
-        warning naming the kernel and why when it cannot run there; the eager op then runs)."""
-        if not self.fused:
-            return EAGER_OPS
-        if self.device not in self._ops:
-            from .. import fused
+    @property
+    def kernels(self) -> AudioKernels:
+        """What runs each op on the decoder's device (`fused.choose_audio_kernels`, chosen once per device: at
+        load, with a warning naming each kernel that cannot run there and why; the eager op then runs)."""
+        if self.device not in self._kernels:
+            self._kernels[self.device] = choose_audio_kernels(self.config, self.device, self.fused)
+        return self._kernels[self.device]
 
-            self._ops[self.device] = fused.select_audio_ops(self.device, self._launches)
-        return self._ops[self.device]
+    def ops(self) -> SimpleNamespace:
+        """The ops that run `self.kernels` (`fused.ops_for`: the eager ops of audio/model.py when all eager),
+        made once per choice and kept, their launches counted into `launch_counts()`."""
+        chosen = self.kernels
+        if chosen not in self._ops:
+            self._ops[chosen] = ops_for(chosen, self._launches)
+        return self._ops[chosen]
 
     def launch_counts(self) -> dict[str, int]:
-        """This decoder's kernel launches, per kernel (`fused.LAUNCH_NAMES`, as the video decoder's view):
-        'anti_aliased_snake_beta', and 0 for the video decoder's kernels."""
-        from .. import fused
-
-        return {name: self._launches.get(name, 0) for name in fused.LAUNCH_NAMES}
+        """This decoder's kernel launches, per kernel of the registry (`fused.LAUNCH_NAMES`, as the video
+        decoder's view): 'anti_aliased_snake_beta', and 0 for the video decoder's kernels."""
+        return launch_counts(self._launches)
 
     def denormalize(self, audio_latents: torch.Tensor) -> torch.Tensor:
         """Pipeline audio latents (C, latent_channels, N) -> the decoder's input, float32 on its device:

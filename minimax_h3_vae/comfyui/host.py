@@ -12,6 +12,7 @@ import torch
 from .. import memory
 from ..config import H3DecoderConfig
 from ..decoding import H3VideoDecoder
+from ..fused import qkv_rows
 from ..runtime import DecodeOptions, check_machine, resolve
 
 
@@ -72,7 +73,7 @@ def load_vae(vae, config: H3DecoderConfig, z: torch.Tensor, options: DecodeOptio
     if check_machine(options)[0].type == "cuda":  # the whole VAE loaded: the decoder built on it holds every weight
         runtime = resolve(options.replace(offload="none"), config)
         need = _working_set(memory.decode_plan(config, tuple(z.shape), runtime.dtype, "cuda", runtime))
-        if runtime.kernels.linear_qk_rms_norm_rope == "quack":  # its w_qkv: a copy in the GEMM's row order
+        if qkv_rows(runtime.kernels, config) is not None:  # its w_qkv: a copy in its kernel's row order
             qkv = config.num_layers * 3 * config.dim * (config.dim + 1)
             need += qkv * torch.empty(0, dtype=runtime.dtype).element_size()
     management.load_models_gpu([patcher], memory_required=need, force_full_load=True)

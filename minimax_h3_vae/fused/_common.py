@@ -19,20 +19,6 @@ MAX_GRID_YZ = 65535
 # The row kernels hold a whole row in one block; wider rows would spill registers.
 MAX_ROW_WIDTH = 8192
 
-# The kernels whose launches are counted (a model's `launch_counts()`), by their modules' names.
-LAUNCH_NAMES = (
-    "rms_norm",
-    "scale_add_rms_norm",
-    "qk_rms_norm_rope",
-    "silu_mul",
-    "tf32x3_linear",
-    "fp16x3_linear",
-    "linear_silu_mul",
-    "linear_qk_rms_norm_rope",
-    "flash_attention",
-    "anti_aliased_snake_beta",
-)
-
 
 def count_launch(launches: dict[str, int] | None, name: str) -> None:
     """One launch of kernel `name` into `launches` (a model's counts, bound into its ops; None: not counted)."""

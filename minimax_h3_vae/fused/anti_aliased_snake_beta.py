@@ -22,10 +22,10 @@ from triton.language.extra import libdevice
 
 from ..audio.model import FILTER_TAPS
 from ..audio.model import anti_aliased_snake_beta as anti_aliased_snake_beta_reference
-from ._common import count_launch, device_problem, grad_problem
+from ._common import count_launch, device_problem, grad_problem, zeros
 from ._triton_utils import NO_FMA, built_for_interpreter
 
-__all__ = ["anti_aliased_snake_beta", "anti_aliased_snake_beta_reference", "unsupported"]
+__all__ = ["anti_aliased_snake_beta", "anti_aliased_snake_beta_reference", "model_call", "unsupported"]
 
 # Lanes per program; the last HALO lanes only feed their neighbours' taps (outputs reach 6 lanes ahead).
 _BLOCK = 1024
@@ -108,6 +108,19 @@ def _anti_aliased_snake_beta_kernel(
         acc += tl.load(down_ptr + k) * tap
     n = start + lanes
     tl.store(out_ptr + row.to(tl.int64) * length + n, acc, mask=(lanes < BLOCK - HALO) & (n < length))  # fmt: skip
+
+
+def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
+    """The op's arguments as the decoder passes them (zeros): float32 activations of any model (`config` and
+    `dtype` change nothing), for `unsupported`."""
+    channels = 2
+    return (
+        zeros(device, 1, channels, 16),
+        zeros(device, 1, channels, 1),
+        zeros(device, 1, channels, 1),
+        zeros(device, 1, 1, FILTER_TAPS),
+        zeros(device, 1, 1, FILTER_TAPS),
+    )
 
 
 def _per_channel_problem(name: str, t, channels: int) -> str | None:

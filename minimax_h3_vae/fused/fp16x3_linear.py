@@ -42,6 +42,7 @@ __all__ = [
     "linear_fp32",
     "linear_fp32_reference",
     "model_call",
+    "new_state",
     "split_rows",
     "split_rows_reference",
     "split_weight",
@@ -140,6 +141,11 @@ def _epilogue():
         return {"D": acc * row_scale * col_scale + bias}
 
     return unscale
+
+
+def new_state() -> dict:
+    """What one model's launcher keeps: the split of its proj_out weight (`split_weight`'s `weights`)."""
+    return {"weights": {}}
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:

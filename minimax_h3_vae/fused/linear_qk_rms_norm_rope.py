@@ -43,9 +43,11 @@ __all__ = [
     "linear_qk_rms_norm_rope",
     "linear_qk_rms_norm_rope_reference",
     "model_call",
+    "new_state",
     "pair_order",
     "epilogue_layout",
     "rotation_table",
+    "stored_rows",
     "unsupported",
 ]
 
@@ -174,6 +176,17 @@ def rotation_table(
             tables.pop(next(iter(tables)))
         tables[key] = (cos, sin, versions, table)
     return table
+
+
+def new_state() -> dict:
+    """What one model's launcher keeps: its rotation tables (`rotation_table`'s `tables`)."""
+    return {"tables": {}}
+
+
+def stored_rows(config) -> torch.Tensor:
+    """The row order in which a model on this kernel stores w_qkv and its bias, from its load (`kernel_rows`):
+    its GEMM then takes the weight as stored (`ordered=True`)."""
+    return kernel_rows(config.num_heads, config.head_dim, config.rope_dim)
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
