@@ -16,8 +16,8 @@ import torch
 from repo import TINY
 from safetensors.torch import save_file
 
+from minimax_h3_vae.command import encoder
 from minimax_h3_vae.command import main as cli_module
-from minimax_h3_vae.command import output
 
 OLD = b"an older output that must survive" * 64  # an existing output, which a failed run must leave as it was
 
@@ -92,7 +92,7 @@ def fill(folder: Path) -> None:
 
 def ffmpeg(*args: str) -> subprocess.CompletedProcess:
     """imageio-ffmpeg's ffmpeg with these arguments, its output captured (bytes)."""
-    return subprocess.run([output.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
+    return subprocess.run([encoder.ffmpeg_exe(), "-nostdin", *args], capture_output=True)
 
 
 def streams(path: Path) -> list[str]:

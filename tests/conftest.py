@@ -136,9 +136,9 @@ def ffmpeg_looked_up_first():
     """imageio-ffmpeg caches its binary lookup for the process, a failed one too: it is looked up before any
     test patches subprocess, so the test that happens to ask first in a worker (an order pytest-xdist varies)
     cannot leave that worker's later mp4 tests without ffmpeg."""
-    from minimax_h3_vae.command import output
+    from minimax_h3_vae.command import encoder
 
     try:
-        output.ffmpeg_exe()
+        encoder.ffmpeg_exe()
     except ValueError:  # no imageio-ffmpeg here: the tests that need it say so themselves
         pass

@@ -22,7 +22,7 @@ from repo import EXAMPLE_LATENTS, REPO, SCRIPT, TINY
 from safetensors.torch import load_file
 
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, to_uint8_frames
-from minimax_h3_vae.command import output
+from minimax_h3_vae.command import mux, readback
 from minimax_h3_vae.command.writer import BackgroundWriter
 from minimax_h3_vae.latents import read_latents_header
 
@@ -111,7 +111,7 @@ def test_the_example_mp4_has_tagged_video_and_its_sound(example_run):
     assert "Audio: aac (LC)" in audio and "32000 Hz, stereo" in audio
     assert stream_seconds(out, "0:v:0") == pytest.approx(39 / 24)
     assert abs(stream_seconds(out, "0:a:0") - 39 / 24) < 1024 / 32000
-    assert output.count_audio_samples(out) == 65 * 800
+    assert readback.count_audio_samples(out) == 65 * 800
 
 
 def test_console_script_is_installed_and_runs(tmp_path):
@@ -558,7 +558,7 @@ def test_failure_while_writing(capsys, tmp_path, monkeypatch):
             process.stdin = FullPipe(process.stdin)
         return process
 
-    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    monkeypatch.setattr(mux.subprocess, "Popen", popen)
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "video.mp4"
     latents = latents_file(tmp_path / "in.safetensors", random_latents(7, frames=12))  # two chunks

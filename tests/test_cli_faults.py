@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, to_uint8_frames
 from minimax_h3_vae import latents as latents_module
 from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
-from minimax_h3_vae.command import output
+from minimax_h3_vae.command import checks, commit, encoder, mux, readback, sinks
 from minimax_h3_vae.command.main import progress_bar
 from minimax_h3_vae.command.report import say
 
@@ -100,11 +100,11 @@ def test_ffmpeg_failure_keeps_the_old_output(capsys, tmp_path, monkeypatch):
     real_popen = subprocess.Popen
 
     def popen(command, *args, **kwargs):
-        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+        if command[0] == encoder.ffmpeg_exe() and "-movflags" in command:
             command = [*command[:-1], "-frames:v", "not-a-number", command[-1]]
         return real_popen(command, *args, **kwargs)
 
-    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    monkeypatch.setattr(mux.subprocess, "Popen", popen)
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
@@ -114,7 +114,7 @@ def test_ffmpeg_failure_keeps_the_old_output(capsys, tmp_path, monkeypatch):
 
 
 def test_mp4_whose_frames_do_not_read_back_is_not_committed(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(output, "count_mp4_frames", lambda path: 4)
+    monkeypatch.setattr(readback, "count_mp4_frames", lambda path: 4)
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)
@@ -309,7 +309,7 @@ def test_a_stop_just_after_the_rename_says_the_output_is_complete(capsys, tmp_pa
         if Path(target) == out:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(output.os, "replace", replace_then_stop)
+    monkeypatch.setattr(commit.os, "replace", replace_then_stop)
     code, err = run_cli(capsys, latents, out)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130, err
@@ -415,7 +415,7 @@ def test_longest_output_names(capsys, tmp_path, length):
 @pytest.mark.parametrize("shape", [(5, 2, 3, 3), (1, 1, 1, 3), (3, 7, 5, 3)])
 def test_streamed_safetensors_is_byte_for_byte_save_file(tmp_path, shape):
     frames = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
-    sink = output.SafetensorsSink(tmp_path / "a.safetensors", *shape[:3])
+    sink = sinks.SafetensorsSink(tmp_path / "a.safetensors", *shape[:3])
     for part in frames.split(2):
         sink.write(part)
     sink.commit()
@@ -435,9 +435,9 @@ def test_safetensors_chunks_are_synced_as_they_are_written(tmp_path, monkeypatch
         synced.append(fd)
         sizes.append(os.fstat(fd).st_size)
 
-    monkeypatch.setattr(output.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(sinks.os, "fdatasync", fdatasync)
     frames = torch.randint(0, 256, (7, 4, 6, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
-    sink = output.SafetensorsSink(tmp_path / "a.safetensors", 7, 4, 6)
+    sink = sinks.SafetensorsSink(tmp_path / "a.safetensors", 7, 4, 6)
     for part in frames.split(3):
         sink.write(part)
     assert len(synced) == 3
@@ -779,13 +779,13 @@ def test_disk_filled_while_writing_safetensors(capsys, tmp_path, monkeypatch):
     """A real tmpfs that has room at the preflight and is filled by someone else right after it: the error
     names the output and its disk and says there is no space left (the writer's second failure, as its file
     is closed, does not replace it), the writer thread is stopped, and nothing is left."""
-    real = output.check_free_space
+    real = checks.check_free_space
 
     def check_then_fill(out, needed):
         real(out, needed)
         fill(out.parent)
 
-    monkeypatch.setattr(output, "check_free_space", check_then_fill)
+    monkeypatch.setattr(checks, "check_free_space", check_then_fill)
     z = torch.randn(24, 12, 4, 4, generator=torch.Generator().manual_seed(31))  # 45 frames of 64x64: 550 kB
     latents = latents_file(tmp_path / "z.safetensors", z)
     with tmpfs(tmp_path / "disk", "1m") as disk:
@@ -801,7 +801,7 @@ def test_disk_filled_while_writing_safetensors(capsys, tmp_path, monkeypatch):
 def test_cleanup_never_raises_over_the_first_error(tmp_path):
     """A sink whose writer fails again as it is closed (a full disk): discard removes the file and raises
     nothing, so the first error is the one reported."""
-    sink = output.SafetensorsSink(tmp_path / "v.safetensors", 2, 4, 4)
+    sink = sinks.SafetensorsSink(tmp_path / "v.safetensors", 2, 4, 4)
 
     def close_fails():
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -21,8 +21,8 @@ from repo import TINY
 from safetensors.torch import save_file
 
 from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae.command import encoder, formats, output, readback
 from minimax_h3_vae.command import main as cli_module
-from minimax_h3_vae.command import output
 from minimax_h3_vae.command.colour import rgb_to_yuv420p, to_yuv420p_frames
 from minimax_h3_vae.frames import IMAGENET_MEAN, IMAGENET_STD
 
@@ -180,7 +180,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     """The sink of a crf > 0 mp4 takes yuv420p planes (half the bytes of RGB) and refuses RGB frames; that
     of crf 0 (lossless RGB, unchanged) and of .safetensors take uint8 RGB."""
     video = torch.randn(1, 3, 2, 32, 48)
-    sink = output.open_sink(tmp_path / "a.mp4", output.VideoFormat(2, 32, 48, 24.0, crf=17))
+    sink = output.open_sink(tmp_path / "a.mp4", formats.VideoFormat(2, 32, 48, 24.0, crf=17))
     try:
         frames = sink.convert(video)
         assert frames.shape == (2, 32 * 48 * 3 // 2) and frames.dtype == torch.uint8
@@ -189,7 +189,7 @@ def test_mp4_sink_takes_planes_and_lossless_takes_rgb(tmp_path):
     finally:
         sink.discard()
     for name, crf in (("b.mp4", 0), ("c.safetensors", 17)):
-        sink = output.open_sink(tmp_path / name, output.VideoFormat(2, 32, 48, 24.0, crf=crf))
+        sink = output.open_sink(tmp_path / name, formats.VideoFormat(2, 32, 48, 24.0, crf=crf))
         try:
             assert sink.convert(video).shape == (2, 32, 48, 3)
         finally:
@@ -212,8 +212,8 @@ def test_ffmpeg_converts_nothing():
     """The encoder gets the planes as they are piped: ffmpeg inserts no scaler (no swscale pass) for the
     yuv420p mp4, nor for lossless RGB. The check sees one where ffmpeg must convert (rgb24 in, yuv420p out)."""
     for crf in (17, 0):
-        assert scalers(output.encoder_command(64, 32, 24.0, crf, None), 64, 32) == []
-    ff = output.ffmpeg_exe()
+        assert scalers(encoder.encoder_command(64, 32, 24.0, crf, None), 64, 32) == []
+    ff = encoder.ffmpeg_exe()
     converting = [ff, "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "64x32", "-i", "-", "-c:v", "libx264"]
     assert scalers([*converting, "-pix_fmt", "yuv420p", "-v", "error"], 64, 32)
 
@@ -316,7 +316,7 @@ def test_frame_count_and_duration(written):
     """As before the conversion moved: every frame is in the file (counted from its packets and decoded),
     and the duration is frames / fps."""
     path, _ = written
-    assert output.count_mp4_frames(path) == len(COLOURS) + 1
+    assert readback.count_mp4_frames(path) == len(COLOURS) + 1
     assert read_yuv(path)[0].shape[0] == len(COLOURS) + 1
     match = re.search(r"Duration: (\d+):(\d+):(\d+\.\d+)", ffmpeg("-i", str(path)).stderr.decode())
     hours, minutes, seconds = match.groups()

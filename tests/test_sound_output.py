@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 
 from minimax_h3_vae import H3AudioDecoder, save_latents
 from minimax_h3_vae.audio import loading as audio_loading
+from minimax_h3_vae.command import checks, encoder, mux, readback
 from minimax_h3_vae.command import main as cli
-from minimax_h3_vae.command import output
 
 
 @pytest.fixture(autouse=True)
@@ -118,11 +118,11 @@ def test_one_ffmpeg_writes_both_streams(tmp_path, capsys, monkeypatch, crf):
     real, encoders = subprocess.Popen, []
 
     def popen(command, *args, **kwargs):
-        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+        if command[0] == encoder.ffmpeg_exe() and "-movflags" in command:
             encoders.append(command)
         return real(command, *args, **kwargs)
 
-    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    monkeypatch.setattr(mux.subprocess, "Popen", popen)
     out = tmp_path / "v.mp4"
     assert run(capsys, clip(tmp_path), out, "--crf", crf)[0] == 0
     assert len(encoders) == 1 and encoders[0].count("-i") == 2 and "-an" not in encoders[0]
@@ -350,12 +350,12 @@ def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys
     real = subprocess.Popen
 
     def popen(command, *args, **kwargs):
-        if command[0] == output.ffmpeg_exe() and "-movflags" in command:
+        if command[0] == encoder.ffmpeg_exe() and "-movflags" in command:
             at = command.index("f32le")
             command = [*command[:at], "wav", *command[at + 1 :]]
         return real(command, *args, **kwargs)
 
-    monkeypatch.setattr(output.subprocess, "Popen", popen)
+    monkeypatch.setattr(mux.subprocess, "Popen", popen)
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
     code, err = run(capsys, clip(tmp_path), out)
@@ -365,7 +365,7 @@ def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys
 
 def test_an_audio_encoder_that_refuses_is_found_before_decoding(tmp_path, capsys, monkeypatch):
     """The same refusal in the preflight (one AAC frame of silence with the test frame): exit 2, ffmpeg's reason."""
-    monkeypatch.setattr(output, "SOUND_INPUT", ["-f", "wav"])
+    monkeypatch.setattr(encoder, "SOUND_INPUT", ["-f", "wav"])
     from minimax_h3_vae.checkpoints import Checkpoint
 
     def refuse(*args, **kwargs):
@@ -377,7 +377,7 @@ def test_an_audio_encoder_that_refuses_is_found_before_decoding(tmp_path, capsys
 
 
 def test_an_mp4_whose_sound_does_not_read_back_is_not_committed(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(output, "count_audio_samples", lambda path: None)
+    monkeypatch.setattr(readback, "count_audio_samples", lambda path: None)
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
     code, err = run(capsys, clip(tmp_path), out)
@@ -389,13 +389,13 @@ def test_an_mp4_whose_sound_does_not_read_back_is_not_committed(tmp_path, capsys
 def test_disk_filled_while_writing_the_sound(tmp_path, capsys, monkeypatch, suffix):
     """A real tmpfs with room at the preflight, filled by someone else right after it: the error names OUT and its
     disk, the old file is untouched and nothing else is left."""
-    real = output.check_free_space
+    real = checks.check_free_space
 
     def check_then_fill(out, needed):
         real(out, needed)
         fill(out.parent)
 
-    monkeypatch.setattr(output, "check_free_space", check_then_fill)
+    monkeypatch.setattr(checks, "check_free_space", check_then_fill)
     source = clip(tmp_path)
     with tmpfs(tmp_path / "disk", "256k") as disk:
         out = disk / f"s{suffix}"

@@ -4,7 +4,14 @@
     main.py       the run: main (exit codes, torchrun's process group), the decode loop with its progress
     flags.py      the flags, and their translation into the library's DecodeOptions
     preflight.py  every check before the decode, cheapest first; the decoders built through the library's doors
-    output.py     OUT: its checks and the sinks that write it (mp4 through ffmpeg, safetensors, wav, flac)
+    checks.py     OUT checked before any work: name, folder, free space, the encoder tried on one frame
+    formats.py    the output formats, the video's and the sound's descriptions, their bytes
+    encoder.py    ffmpeg's binary and command lines (mp4, FLAC), the sound file it reads
+    output.py     the writer for OUT's format (`open_sink`)
+    sinks.py      the writers of frames and sound: Sink, .safetensors, .wav, .flac
+    mux.py        the mp4 writer: H.264 and AAC from one ffmpeg process
+    readback.py   a finished file read back by ffmpeg: frames and sound samples counted
+    commit.py     a temporary file made OUT once verified (synced, OUT's mode, renamed), or removed
     writer.py     the background writer thread, and the NaN policy for what it writes
     colour.py     the mp4's BT.709 limited-range 4:2:0 planes, made in torch where the frames are
     report.py     what the command says: stderr lines, exit codes

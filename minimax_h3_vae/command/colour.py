@@ -1,7 +1,7 @@
 """R'G'B' to the Y'CbCr an H.264 player expects from HD video: BT.709, limited range, 4:2:0, left siting.
 
 Players read an untagged HD stream as BT.709 and a tagged one by its tags, so the mp4 is converted here with
-BT.709's matrix and tagged bt709 / tv (output.py); `to_yuv420p_frames` takes the decoder's output. Doing it
+BT.709's matrix and tagged bt709 / tv (encoder.py); `to_yuv420p_frames` takes the decoder's output. Doing it
 in torch, where the frames are (on the GPU for a CUDA decode), halves the bytes that cross to the host and
 to ffmpeg, and takes the conversion off ffmpeg's single-threaded scaler.
 

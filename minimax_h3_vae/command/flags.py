@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..latents import check_fps
 from ..text import nearest, parse_number, parse_whole, shown
-from . import output
+from . import formats
 from .report import InputError, say
 
 DEFAULT_CRF = 17
@@ -141,7 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_CRF,
         help="mp4 quality, 0-51, lower is better (default 17); 0 is lossless RGB (exact frames, few players)",
     )
-    parser.add_argument("--preset", choices=output.X264_PRESETS, help="mp4 encoder speed (default: ffmpeg's, medium)")
+    parser.add_argument("--preset", choices=formats.X264_PRESETS, help="mp4 encoder speed (default: ffmpeg's, medium)")
     parser.add_argument("--raw-latents", action="store_true", help="latents are already denormalised")
     parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
     parser.add_argument(
@@ -217,12 +217,12 @@ def check_arguments(args: argparse.Namespace) -> None:
             check_fps(args.fps, "--fps")
         except ValueError as error:
             raise InputError(str(error)) from None
-    low, high = output.CRF_RANGE
+    low, high = formats.CRF_RANGE
     if not low <= args.crf <= high:
         raise InputError(f"--crf must be a whole number from {low} (lossless) to {high} (worst), got {args.crf}")
     if args.output.suffix.lower() != ".mp4" and (args.crf != DEFAULT_CRF or args.preset):
         raise InputError("--crf and --preset set the mp4 encoder; the output is not an .mp4")
     if args.no_audio and args.audio_model is not None:
         raise InputError("--audio-model names the audio VAE and --no-audio leaves the sound out; give one of them")
-    if args.no_audio and args.output.suffix.lower() in output.AUDIO_FORMATS:
+    if args.no_audio and args.output.suffix.lower() in formats.AUDIO_FORMATS:
         raise InputError(f"{shown(args.output)}: holds the sound alone, and --no-audio leaves it out; give one of them")

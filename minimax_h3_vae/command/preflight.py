@@ -13,9 +13,9 @@ from pathlib import Path
 from ..files import resolve_output
 from ..latents import DEFAULT_FPS, check_fps
 from ..text import shown
-from . import output
+from . import checks, formats, output
+from .commit import OutputFile, WriteError
 from .flags import check_arguments, decode_options
-from .output import WriteError
 from .report import InputError, say
 
 
@@ -27,8 +27,8 @@ class Prepared:
     frames: int
     height: int
     width: int
-    sink: output.OutputFile | None  # rank 0's open output
-    sound: output.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
+    sink: OutputFile | None  # rank 0's open output
+    sound: formats.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
 
 
 def checkpoint_files(model: str, checkpoint) -> list[Path]:
@@ -70,16 +70,16 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     options = decode_options(args, device)
     try:
         args.output = resolve_output(args.output)  # a symbolic link is written through
-        output.check_output_name(args.output)
+        checks.check_output_name(args.output)
         check_latents_path(args.input)
     except ValueError as error:
         raise InputError(str(error)) from None
-    if output.same_file(args.output, args.input):
+    if checks.same_file(args.output, args.input):
         raise InputError(f"{shown(args.output)}: is the input file; give another output name")
     try:
         if rank == 0:
-            output.probe_folder(args.output)
-        sound_alone = args.output.suffix.lower() in output.AUDIO_FORMATS  # the video latents are not needed
+            checks.probe_folder(args.output)
+        sound_alone = args.output.suffix.lower() in formats.AUDIO_FORMATS  # the video latents are not needed
         source = read_latents_header(args.input, audio=not args.no_audio, video=not sound_alone)
     except ValueError as error:
         raise InputError(str(error)) from None
@@ -92,7 +92,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
         raise InputError(str(error)) from None
-    if any(output.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):
+    if any(checks.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):
         raise InputError(
             f"{shown(args.output)}: is a file of the checkpoint {shown(args.model)}; give another output name"
         )
@@ -123,9 +123,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
         if rank == 0:
-            needed = output.least_bytes(args.output, frames, height, width, sound_format)
-            output.check_free_space(args.output, needed)
-            output.check_encoder(args.output, width, height, fps, args.crf, args.preset, sound_format)
+            needed = checks.least_bytes(args.output, frames, height, width, sound_format)
+            checks.check_free_space(args.output, needed)
+            checks.check_encoder(args.output, width, height, fps, args.crf, args.preset, sound_format)
         latents = read_latents(source)
     except ValueError as error:
         raise InputError(str(error)) from None
@@ -141,7 +141,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         raise InputError(str(error)) from None
     sink = None
     if rank == 0:
-        video = output.VideoFormat(frames, height, width, fps, args.crf, args.preset)
+        video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
         sink = output.open_sink(args.output, video, sound)
     return Prepared(decoder, z, fps, frames, height, width, sink, sound)
 
@@ -161,12 +161,12 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) ->
         return Prepared(None, None, fps, 0, 0, 0, None)
     checkpoint, sound_format = check_sound(args, options, source, None)
     try:
-        output.check_free_space(args.output, output.least_bytes(args.output, 0, 0, 0, sound_format))
-        output.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
+        checks.check_free_space(args.output, checks.least_bytes(args.output, 0, 0, 0, sound_format))
+        checks.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
     except ValueError as error:
         raise InputError(str(error)) from None
     sound = decode_sound(args, options, source, checkpoint)
-    sink = output.open_sink(args.output, output.VideoFormat(0, 0, 0, fps), sound)
+    sink = output.open_sink(args.output, formats.VideoFormat(0, 0, 0, fps), sound)
     return Prepared(None, None, fps, 0, 0, 0, sink, sound)
 
 
@@ -198,7 +198,7 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     """Rank 0's checks of IN's audio latents, from headers alone: the audio VAE located (its tensor headers
     read), OUT none of its files, its latent channels and sample rate against IN's, the audio's duration
     against the video's (`video`: frames and fps; None for the sound alone), and the memory of its decode.
-    Returns (the audio checkpoint, the sound's output.SoundFormat)."""
+    Returns (the audio checkpoint, the sound's formats.SoundFormat)."""
     from fractions import Fraction
 
     from ..audio.loading import DECODER_PREFIXES
@@ -225,7 +225,7 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
             f"{name}: holds audio latents {shape}, and their audio VAE ({what}) cannot be loaded: {error}; {fix}, "
             f"or {leave_out}"
         ) from None
-    if any(output.same_file(args.output, path) for path in checkpoint_files(where, checkpoint)):
+    if any(checks.same_file(args.output, path) for path in checkpoint_files(where, checkpoint)):
         raise InputError(f"{shown(args.output)}: is a file of the audio checkpoint {shown(where)}; give another name")
     config = checkpoint.config
     if shape[1] != config.latent_channels:
@@ -252,10 +252,10 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
         check_bytes(host, device_bytes, options.device, f"decoding audio latents {shape}", cap)
     except ValueError as error:
         raise InputError(str(error)) from None
-    return checkpoint, output.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
+    return checkpoint, formats.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
 
 
-def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> output.Soundtrack:
+def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> formats.Soundtrack:
     """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
     fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
     video decoder is built. InputError for unreadable latents or weights, WriteError for NaN in the sound."""
@@ -277,7 +277,7 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> outpu
             f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
             "nothing was written"
         )
-    sound = output.Soundtrack(samples.cpu(), decoder.sample_rate)
+    sound = formats.Soundtrack(samples.cpu(), decoder.sample_rate)
     del decoder, samples
     if options.device.type == "cuda":
         torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory

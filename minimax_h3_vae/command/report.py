@@ -8,7 +8,7 @@ import threading
 
 from .. import distributed
 from ..text import one_line, shown
-from .output import WriteError
+from .commit import WriteError
 from .stops import STOP_SIGNALS, stopped_line
 
 # What writing to a closed (None or a closed file), full or broken stream raises.

@@ -11,7 +11,8 @@ import torch
 
 from ..frames import NON_FINITE_FRAMES
 from ..text import shown
-from .output import Sink, WriteError
+from .commit import WriteError
+from .sinks import Sink
 
 
 class BackgroundWriter:

@@ -1,0 +1,125 @@
+"""The mp4 writer: H.264 and, with sound, AAC, muxed by one ffmpeg process that runs beside the decode, then
+read back before it may replace OUT."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..text import shown
+from . import readback
+from .colour import to_yuv420p_frames, yuv420p_bytes
+from .commit import WriteError
+from .encoder import AAC_FRAME, VIDEO_INSTALL, encoder_command, sound_file
+from .formats import Soundtrack, VideoFormat
+from .sinks import Sink
+
+
+class Mp4Sink(Sink):
+    """H.264 in mp4, frames piped to ffmpeg; with `sound`, an AAC track beside it, from the same ffmpeg
+    process (the samples are its second input, a file written before it starts: encoder.sound_file). ffmpeg
+    runs in its own session, so a Ctrl-C in the terminal reaches this process alone and the cleanup decides
+    what happens to ffmpeg. Its exit status is checked, and the frame count and the sound's length read back
+    from the finished file, before it may replace OUT.
+
+    crf 1-51: libx264, yuv420p (plays everywhere): `convert` makes BT.709 limited-range 4:2:0 planes
+    (colour.py) on the chunk's device, frames (f, H * W * 3 // 2), and ffmpeg encodes them as they are, the
+    stream tagged bt709 / tv. crf 0: libx264rgb, RGB 4:4:4 from uint8 RGB frames, lossless (the frames read
+    back are exactly the decoded ones; many players cannot play it). The sound is AAC either way.
+    """
+
+    def __init__(self, output: Path, video: VideoFormat, sound: Soundtrack | None = None):
+        self.process = self.log = None
+        self.sound, self.sound_file = sound, None
+        frames, height, width, fps, crf, preset = dataclasses.astuple(video)
+        super().__init__(output, frames, height, width)
+        self.planar = crf != 0
+        if self.planar:
+            self.frame_shape = (yuv420p_bytes(height, width),)
+        try:
+            self.log = _message_file(output.parent)
+            if sound is not None:
+                self.sound_file = sound_file(sound, output.parent)
+        except OSError as error:
+            self.discard()
+            what = "ffmpeg's messages" if self.log is None else "the sound ffmpeg reads"
+            raise WriteError(f"{shown(output.parent)}: cannot create a file for {what} ({error.strerror})") from None
+        files = (self.sound_file,) if self.sound_file is not None else ()
+        command = [*encoder_command(width, height, fps, crf, preset, sound, files), "-movflags", "+faststart"]
+        try:
+            self.process = subprocess.Popen(
+                [*command, str(self.temp)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,
+                start_new_session=True,
+                pass_fds=[file.fileno() for file in files],
+            )
+        except OSError as error:
+            self.process = None
+            self.discard()
+            raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_INSTALL}") from None
+
+    def convert(self, video: torch.Tensor) -> torch.Tensor:
+        return to_yuv420p_frames(video) if self.planar else super().convert(video)
+
+    def write_bytes(self, data: memoryview) -> None:
+        try:
+            self.process.stdin.write(data)
+        except BrokenPipeError:
+            self.process.wait()
+            raise WriteError(self._messages()) from None
+
+    def finish(self) -> None:
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        if self.process.wait() != 0:
+            raise WriteError(self._messages())
+        frames = readback.count_mp4_frames(self.temp)
+        if frames != self.frames:
+            raise WriteError(f"{shown(self.output)}: the encoded file reads back {frames} of {self.frames} frames")
+        if self.sound is not None:
+            self._check_sound(self.sound)
+
+    def _check_sound(self, sound: Soundtrack) -> None:
+        """WriteError unless the finished file's audio stream covers the sound's samples, within one AAC frame
+        (an encoder may pad its last frame; ffmpeg's trims it exactly)."""
+        samples = readback.count_audio_samples(self.temp)
+        if samples is None or abs(samples - sound.samples.shape[1]) >= AAC_FRAME:
+            got = "no audio stream" if samples is None else f"{samples} samples"
+            raise WriteError(
+                f"{shown(self.output)}: the encoded file reads back {got} of {sound.samples.shape[1]} per channel"
+            )
+
+    def _messages(self) -> str:
+        self.log.seek(0)
+        return self.ffmpeg_failure(self.process.returncode, self.log.read())
+
+    def abort(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process is not None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+        for file in (self.log, self.sound_file):
+            if file is not None:
+                file.close()
+
+
+def _message_file(folder: Path):
+    """An unnamed file for ffmpeg's messages: in memory (memfd), so that it needs no disk (a full disk is where
+    ffmpeg's reason matters most) and leaves nothing to clean up; elsewhere, an unnamed file in `folder` (it
+    takes files; the temporary folder may not exist)."""
+    if hasattr(os, "memfd_create"):
+        return os.fdopen(os.memfd_create("ffmpeg-messages"), "w+b")
+    return tempfile.TemporaryFile(dir=folder)
