@@ -430,6 +430,53 @@ def test_verbose_shows_traceback(capsys, tmp_path):
     assert not (tmp_path / "out.mp4").exists()
 
 
+def time_line(err: str) -> tuple[dict[str, float], float]:
+    """--verbose's `time:` line, the last line of stderr: ({phase: seconds} in its order, the total)."""
+    last = err.strip().splitlines()[-1]
+    found = re.fullmatch(r"time: (.*); total (\d+\.\d\d) s", last)
+    assert found, err
+    phases = {}
+    for part in found[1].split(", "):
+        name, seconds = re.fullmatch(r"([a-z -]+) (\d+\.\d\d) s", part).groups()
+        phases[name] = float(seconds)
+    return phases, float(found[2])
+
+
+def test_verbose_shows_where_the_time_went(capsys, tmp_path):
+    """--verbose ends with the run's wall clock by phase, in the order they ran; without it, no such line."""
+    out = tmp_path / "out.mp4"
+    code, err = run_cli_or_parser(capsys, EXAMPLE_LATENTS, out, "--verbose")
+    assert code == 0, err
+    phases, total = time_line(err)
+    assert list(phases) == ["start-up", "checks", "read", "sound", "decode", "encode tail", "write"], err
+    assert total == pytest.approx(sum(phases.values()), abs=0.01 * len(phases))
+    code, err = run_cli_or_parser(capsys, EXAMPLE_LATENTS, tmp_path / "again.mp4")
+    assert code == 0 and "time:" not in err, err
+
+
+def test_verbose_counts_the_start_up_from_the_process_start(tmp_path):
+    """In its own process the start-up phase begins when the process did: a child that sleeps before running the
+    command shows at least that sleep there; the whole is within the wall clock the parent saw. The sound alone
+    (.wav) has no video phases."""
+    import time
+
+    code = (
+        "import sys, time; time.sleep(1.5); sys.argv = sys.argv[:1] + sys.argv[1:]; "
+        "from minimax_h3_vae.command.console import console_main; console_main()"
+    )
+    out = tmp_path / "sound.wav"
+    command = [sys.executable, "-c", code, str(EXAMPLE_LATENTS), str(out), "--model", str(TINY), "--device", "cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    began = time.perf_counter()
+    result = subprocess.run([*command, "--verbose"], capture_output=True, text=True, env=env, timeout=300)
+    wall = time.perf_counter() - began
+    assert result.returncode == 0, result.stderr
+    phases, total = time_line(result.stderr)
+    assert list(phases) == ["start-up", "checks", "sound", "write"], result.stderr
+    assert phases["start-up"] >= 1.5 and total <= wall + 0.05, (phases, wall)
+    assert out.is_file()
+
+
 # ---- an existing output, and failures during decoding -------------------------------------------------
 
 

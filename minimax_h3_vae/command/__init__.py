@@ -15,6 +15,7 @@
     writer.py     the background writer thread, and the NaN policy for what it writes
     colour.py     the mp4's BT.709 limited-range 4:2:0 planes, made in torch where the frames are
     report.py     what the command says: stderr lines, exit codes
+    timing.py     where the wall clock goes, by phase (--verbose)
     stops.py      the stop signals, and the end on one while the command starts
     signals.py    stop signals, CPU limits, torchrun's watchdog
 

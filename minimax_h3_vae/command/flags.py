@@ -164,7 +164,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="GIB",
         help="GPU memory the decoder may hold, weights included",
     )
-    parser.add_argument("--verbose", action="store_true", help="show tracebacks")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show where the time went (by phase) and, on failure, the traceback"
+    )
     return parser.parse_args(argv)
 
 

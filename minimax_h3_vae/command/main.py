@@ -35,6 +35,7 @@ from .preflight import Prepared, prepare
 from .report import STOP_SIGNALS, STREAM_ERRORS, Agreed, Diagnostics, InputError, Stopped, describe, say
 from .signals import Watchdog, reserve_cpu_time, unwind
 from .stops import Written
+from .timing import Phases, process_age
 from .writer import BackgroundWriter
 
 
@@ -52,12 +53,15 @@ def agree(error: Exception | None, ranks: int) -> None:
         raise Agreed(code, f"{line} (rank {rank})" if rank else line)
 
 
-def run(args: argparse.Namespace, rank: int, ranks: int, device, watchdog: Watchdog | None = None) -> None:
+def run(
+    args: argparse.Namespace, rank: int, ranks: int, device, watchdog: Watchdog | None = None, started: float = 0.0
+) -> None:
+    """Prepare, decode and write. `started`: seconds this process ran before the run began (its start-up)."""
     prepared = None
     try:
         error = None
         try:
-            prepared = prepare(args, device, rank, ranks)
+            prepared = prepare(args, device, rank, ranks, Phases(started))
         except Exception as failure:
             error = failure
         if watchdog is not None and prepared is not None and prepared.sink is not None:
@@ -99,7 +103,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
             error = failure
         agree(error, ranks)
         if sink is not None:
+            prepared.phases.lap("write")
             say(f"wrote {shown(args.output)}: {prepared.sound.format.seconds:.3f} s of sound")
+            if args.verbose:
+                say(prepared.phases.line())
         return
     device = decoder.device
     output_rank = 0 if ranks > 1 else None  # rank 0 writes the file: the others need not receive the frames
@@ -146,11 +153,15 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
             agree(error, ranks)
         if bar is not None:
             bar.close()
+        phases = prepared.phases
+        phases.lap("decode")
         error = None
         try:
             writer.close()
+            phases.lap("encode tail")  # the frames queued behind the decode, and the encoder's finish
             with watchdog.committing() if watchdog is not None else contextlib.nullcontext():
                 sink.commit()
+            phases.lap("write")  # read back, synced, renamed
         except Exception as failure:
             error = failure
         agree(error, ranks)
@@ -172,9 +183,13 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         f"wrote {shown(args.output)}: {frames} frames{sound} in {seconds:.1f} s ({frames / seconds:.2f} frames/s; "
         f"first chunk after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
     )
+    if args.verbose:
+        say(phases.line())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float = 0.0) -> int:
+    """The command on `argv` (default: sys.argv); returns its exit code. `started`: the seconds this process
+    ran before the call, counted into --verbose's start-up (the console entry passes the process's age)."""
     args = parse_args(argv)
     Written.note(None)
     handlers, cpu_limit = {}, None
@@ -197,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, ValueError) as error:  # the rendezvous: an address that does not resolve
                 reason = (str(error).strip().splitlines() or ["no reason given"])[0]
                 raise InputError(f"cannot join torchrun's process group ({reason}): launch with torchrun") from None
-        run(args, rank, ranks, device, watchdog)
+        run(args, rank, ranks, device, watchdog, started)
     except (Exception, KeyboardInterrupt, Stopped) as error:
         code, line = describe(error)
         if args.verbose and not isinstance(error, Agreed):
@@ -225,7 +240,7 @@ def console_main() -> None:
     interpreter's teardown (the CUDA context, thousands of torch objects) saves about half a second per
     run on an H200. `main` stays a plain function for callers in Python.
     """
-    code = main()
+    code = main(started=process_age() or 0.0)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

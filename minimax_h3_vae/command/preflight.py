@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import resolve_output
@@ -17,6 +17,7 @@ from . import checks, formats, output
 from .commit import OutputFile, WriteError
 from .flags import check_arguments, decode_options
 from .report import InputError, say
+from .timing import Phases
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Prepared:
     width: int
     sink: OutputFile | None  # rank 0's open output
     sound: formats.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
+    phases: Phases = field(default_factory=Phases)  # the run's wall clock so far, by phase (--verbose)
 
 
 def checkpoint_files(model: str, checkpoint) -> list[Path]:
@@ -42,9 +44,9 @@ def checkpoint_files(model: str, checkpoint) -> list[Path]:
     return files
 
 
-def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prepared:
+def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases: Phases | None = None) -> Prepared:
     """Every check, cheapest first, then the decoders, the sound decoded (on rank 0), and (on rank 0) the open
-    output.
+    output. `phases` (the run's, begun at its start) gets the laps start-up, checks, read and sound.
 
     Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
     IN's header. From the checkpoints' headers alone: OUT is none of their files, the latent channels, the
@@ -66,6 +68,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     from ..runtime import resolve
     from ..tiling import plan_chunks
 
+    phases = Phases() if phases is None else phases
     check_arguments(args)
     options = decode_options(args, device)
     try:
@@ -83,8 +86,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         source = read_latents_header(args.input, audio=not args.no_audio, video=not sound_alone)
     except ValueError as error:
         raise InputError(str(error)) from None
+    phases.lap("start-up")  # the interpreter, torch's import, the arguments and IN's header
     if sound_alone:
-        return prepare_sound_alone(args, options, source, rank)
+        return prepare_sound_alone(args, options, source, rank, phases)
 
     if rank == 0:
         say(f"loading {shown(args.model)} onto {options.device} ...")
@@ -126,6 +130,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
             needed = checks.least_bytes(args.output, frames, height, width, sound_format)
             checks.check_free_space(args.output, needed)
             checks.check_encoder(args.output, width, height, fps, args.crf, args.preset, sound_format)
+        phases.lap("checks")
         latents = read_latents(source)
     except ValueError as error:
         raise InputError(str(error)) from None
@@ -134,19 +139,24 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
         raise InputError(f"{shown(args.input)}: {error}") from None
-    sound = decode_sound(args, options, source, audio[0]) if audio is not None else None
+    phases.lap("read")
+    sound = None
+    if audio is not None:
+        sound = decode_sound(args, options, source, audio[0])
+        phases.lap("sound")
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
         raise InputError(str(error)) from None
+    phases.lap("read")
     sink = None
     if rank == 0:
         video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
         sink = output.open_sink(args.output, video, sound)
-    return Prepared(decoder, z, fps, frames, height, width, sink, sound)
+    return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases)
 
 
-def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) -> Prepared:
+def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, phases: Phases) -> Prepared:
     """`prepare` for a .wav or .flac OUT: the sound alone, decoded on rank 0 (the other ranks have nothing to
     do); the video latents are not read and the video checkpoint is not opened."""
     from ..latents import AUDIO_KEY
@@ -158,16 +168,18 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) ->
             "alone; write an .mp4 or .safetensors for the video"
         )
     if rank != 0:
-        return Prepared(None, None, fps, 0, 0, 0, None)
+        return Prepared(None, None, fps, 0, 0, 0, None, phases=phases)
     checkpoint, sound_format = check_sound(args, options, source, None)
     try:
         checks.check_free_space(args.output, checks.least_bytes(args.output, 0, 0, 0, sound_format))
         checks.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
     except ValueError as error:
         raise InputError(str(error)) from None
+    phases.lap("checks")
     sound = decode_sound(args, options, source, checkpoint)
+    phases.lap("sound")
     sink = output.open_sink(args.output, formats.VideoFormat(0, 0, 0, fps), sound)
-    return Prepared(None, None, fps, 0, 0, 0, sink, sound)
+    return Prepared(None, None, fps, 0, 0, 0, sink, sound, phases)
 
 
 def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
