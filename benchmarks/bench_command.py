@@ -1,0 +1,99 @@
+"""The command's wall clock, process start to exit, with --verbose's breakdown by phase.
+
+    PYTHONPATH=. python benchmarks/bench_command.py [--work /tmp/command] [--runs 2]
+
+A 10.125 s clip with sound at the released sizes: video latents (24, 72, 48, 84) and audio latents (2, 32, 405),
+normalised, random (so the frames are noise: x264's worst case). The video VAE is written once as ComfyUI's fp16
+file (random weights, benchmarks/common.py), the audio VAE as a diffusers-layout folder (bench_audio.py's random
+weights), both read back from the page cache. Each output (.safetensors, .mp4 with AAC, .wav) is written `--runs`
+times in a fresh process with the default settings; the table gives each run's wall clock and phases. JSON to
+$OUT/command.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_audio import released_vae  # noqa: E402
+from common import random_released_decoder  # noqa: E402
+
+from minimax_h3_vae import save_latents  # noqa: E402
+
+VIDEO_LATENTS = (24, 72, 48, 84)
+AUDIO_LATENTS = (2, 32, 405)
+
+
+def inputs(work: Path) -> tuple[Path, Path, Path]:
+    """(latents file, video VAE file, audio VAE folder), written once."""
+    from safetensors.torch import save_file
+
+    video = work / "minimax_h3_video_vae_fp16.safetensors"
+    if not video.exists():
+        model = random_released_decoder(torch.device("cuda"))
+        state = {k: (v.half() if v.ndim >= 2 else v.float()).contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(state, str(video))
+        del model, state
+        torch.cuda.empty_cache()
+    audio = work / "audio_vae"
+    if not (audio / "config.json").exists():
+        released_vae("cpu").save_pretrained(str(audio))
+    latents = work / "clip.safetensors"
+    if not latents.exists():
+        generator = torch.Generator().manual_seed(0)
+        z = torch.randn(VIDEO_LATENTS, generator=generator)
+        save_latents(latents, z, fps=24, audio_latents=torch.randn(AUDIO_LATENTS, generator=generator))
+    for path in (video, *audio.iterdir(), latents):
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+    return latents, video, audio
+
+
+def command(latents: Path, video: Path, audio: Path, out: Path) -> dict:
+    """One run of the command in its own process: wall clock, exit code, the phases of its `time:` line."""
+    args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose"]
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    line = next((x for x in reversed(result.stderr.splitlines()) if x.startswith("time: ")), "")
+    phases = {name.strip(): float(s) for name, s in re.findall(r"([a-z -]+?) (\d+\.\d+) s", line.split(";")[0][6:])}
+    if result.returncode != 0:
+        print(result.stderr[-3000:], flush=True)
+    return {"wall_s": round(wall, 2), "code": result.returncode, "phases": phases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, default=Path("/tmp/command"))
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    latents, video, audio = inputs(args.work)
+    results = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": {}}
+    for suffix in ("safetensors", "mp4", "wav"):
+        for attempt in range(1, args.runs + 1):
+            out = args.work / f"out.{suffix}"
+            row = command(latents, video, audio, out)
+            results["runs"][f"{suffix} {attempt}"] = row
+            print(f"{suffix} run {attempt}: {row}", flush=True)
+            out.unlink(missing_ok=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "command.json").write_text(json.dumps(results, indent=2))
+    names = list(dict.fromkeys(name for row in results["runs"].values() for name in row["phases"]))
+    print(f"\n{'run':16} {'wall s':>7} " + " ".join(f"{name:>11}" for name in names))
+    for key, row in results["runs"].items():
+        cells = " ".join(f"{row['phases'].get(name, float('nan')):11.2f}" for name in names)
+        print(f"{key:16} {row['wall_s']:7.2f} {cells}")
+
+
+if __name__ == "__main__":
+    main()
