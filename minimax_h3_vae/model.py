@@ -174,7 +174,8 @@ class H3Decoder(nn.Module):
 
 def conv3d_fp32(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """F.conv3d(z, weight, bias) (stride 1, no padding), as torch runs it under the process's cuDNN settings,
-    except TF32, which is off for this call alone: a library inside a host changes no process-wide flag.
+    except TF32, which is off for this call alone: a library inside a host changes no process-wide flag. It is
+    the aten op F.conv3d itself calls (`torch._convolution`), given the switches F.conv3d reads but TF32's.
 
     z: (N, C in, t, h, w) float32. weight: (C out, C in, kt, kh, kw) float32. bias: (C out,) float32.
     Returns (N, C out, t - kt + 1, h - kh + 1, w - kw + 1) float32."""
