@@ -2,12 +2,14 @@
 
 The code is the checkpoint's `video_vae/*.py` as the hub ships it (the remote code its `config.json` names),
 read from the folder named by the environment variable MINIMAX_H3_RELEASE_VIDEO_VAE; nothing of it is in this
-repository. Without the variable, `release_module` skips the test and says why.
+repository. Without the variable, `release_folder` (and everything here that needs the code) skips the test and
+says why.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -19,9 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 ENV = "MINIMAX_H3_RELEASE_VIDEO_VAE"
-PACKAGE = (
-    "h3_release_video_vae"  # the name the release's modules are imported under (they import each other relatively)
-)
+# The name the release's modules are imported under (they import each other relatively, as one package).
+PACKAGE = "h3_release_video_vae"
 
 # What the release's decoder needs of its model config that the test checkpoints' source/config.json leaves at
 # the class's defaults, which are not the released model: the released values.
