@@ -143,16 +143,24 @@ class H3Decoder(nn.Module):
         return self
 
     def post_quant(self, z: torch.Tensor) -> torch.Tensor:
-        """Raw latent tiles (N, C, t, h, w), any float dtype -> post_quant_conv's output, float32.
+        """Raw latent tiles (N, C, t, h, w), any float dtype -> post_quant_conv's output (N, C, t, h, w), float32.
 
-        The 1x1x1 conv mixes the channels of each voxel: summed here in float32 one input channel at a time,
-        in a fixed order, so that a voxel's value depends on that voxel alone. A library conv chooses its
-        algorithm (cuDNN: also TF32) by the batch size, and gave other bits for other tile counts."""
+        Each tile's values depend on that tile alone, whatever N: a library conv chooses its algorithm (cuDNN:
+        also TF32) by the batch size, and gave other bits for other tile counts. The float32 recipe runs the
+        conv once per tile as the release does (one tile per call), TF32 off for this call alone
+        (`conv3d_fp32`), so that its bits are the release's (docs/decoder.md section 10). The fp16 recipe, whose
+        bits are this package's own (the release runs this conv under fp16 autocast), sums the channels in
+        float32 one input channel at a time, in a fixed order."""
         z = z.float()
-        weight = self.post_quant_conv.weight.flatten(1)  # (C out, C in)
+        weight, bias = self.post_quant_conv.weight, self.post_quant_conv.bias
+        if self.compute_dtype == torch.float32:
+            out = torch.empty_like(z)
+            for tile, rows in zip(z, out):
+                rows.copy_(conv3d_fp32(tile[None], weight, bias)[0])
+            return out
         # repeat() always copies (an expand made contiguous would be the bias itself for a one-voxel batch)
-        out = self.post_quant_conv.bias.view(1, -1, 1, 1, 1).repeat(z.shape[0], 1, *z.shape[2:])
-        for channel, w in enumerate(weight.T):
+        out = bias.view(1, -1, 1, 1, 1).repeat(z.shape[0], 1, *z.shape[2:])
+        for channel, w in enumerate(weight.flatten(1).T):
             out.addcmul_(z[:, channel : channel + 1], w.view(-1, 1, 1, 1))
         return out
 
@@ -162,6 +170,21 @@ class H3Decoder(nn.Module):
         """Raw latent tiles (N, C, t, h, w), all of one shape -> (N, 3, 4t, 16h, 16w) pixels, float32 (written
         into `out` when given). The caller picks the ops and the attention backends."""
         return self.decoder(self.post_quant(z), ops, out)
+
+
+def conv3d_fp32(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """F.conv3d(z, weight, bias) (stride 1, no padding), as torch runs it under the process's cuDNN settings,
+    except TF32, which is off for this call alone: a library inside a host changes no process-wide flag. It is
+    the aten op F.conv3d itself calls (`torch._convolution`), given the switches F.conv3d reads but TF32's.
+
+    z: (N, C in, t, h, w) float32. weight: (C out, C in, kt, kh, kw) float32. bias: (C out,) float32.
+    Returns (N, C out, t - kt + 1, h - kh + 1, w - kw + 1) float32."""
+    cudnn = torch.backends.cudnn
+    deterministic = cudnn.deterministic or torch.are_deterministic_algorithms_enabled()
+    ones, zeros = [1, 1, 1], [0, 0, 0]
+    return torch._convolution(
+        z, weight, bias, ones, zeros, ones, False, zeros, 1, cudnn.benchmark, deterministic, cudnn.enabled, False
+    )
 
 
 def _qkv_keys(state_dict: dict, prefix: str) -> list[str]:

@@ -33,12 +33,17 @@ def token_positions(frames: int, height: int, width: int, num_suffix_tokens: int
 def rotary_table(positions: torch.Tensor, rope_dim: int, theta: float) -> RotaryTable:
     """Angles laid out [t k0..k7, h k0..k7, w k0..k7] then repeated once (NeoX pairing d <-> d + rope_dim/2).
 
-    `inv_freq[k] = 1 / theta ** (k / n)` with n = rope_dim / 6 frequencies per axis, angle = 2 pi pos inv_freq.
+    positions: (S, 3) float32 (`token_positions`). Returns cos and sin, (S, rope_dim) float32, on its device.
+    `inv_freq[k] = 1 / theta ** e_k` with n = rope_dim / 6 frequencies per axis and e_k = k / n, angle =
+    2 pi pos inv_freq. The exponents and inv_freq are computed as the release computes them, on the CPU with a
+    float step of 6 / rope_dim (its e_k differs from float32 k / n in the last bit at some widths, e.g. 120 and
+    144; not at the released 48), and then moved to the positions' device.
     """
     freqs_per_axis = rope_dim // 6
-    inv_freq = 1.0 / theta ** (
-        torch.arange(freqs_per_axis, dtype=torch.float32, device=positions.device) / freqs_per_axis
-    )
+    # [:n]: at a few widths (294, 588, ...) the float step gives one exponent too many, which the release
+    # cannot run at all; the first n are still its e_k.
+    exponents = torch.arange(0, 1, 6 / rope_dim, dtype=torch.float32)[:freqs_per_axis]
+    inv_freq = (1 / theta**exponents).to(positions.device)
     angles = 2.0 * math.pi * positions[:, :, None] * inv_freq
     angles = angles.flatten(1).repeat(1, 2)
     return RotaryTable(angles.cos(), angles.sin())

@@ -18,7 +18,7 @@ from . import fused
 from .blocks import attention
 from .checkpoints import Checkpoint
 from .config import H3DecoderConfig
-from .model import H3Decoder, is_block_linear
+from .model import H3Decoder, conv3d_fp32, is_block_linear
 from .runtime import Runtime
 
 
@@ -59,8 +59,9 @@ class LibrarySetUp:
     load: each kernel of the model's ops is launched once (`fused.warm_up`: a process's first Triton launch
     sets up Triton, about 0.5 s on an H200; with gemm="quack" or attention="fa4", quack's GEMMs and
     flash-attn-4's kernel are built, 15-25 s, quack having been imported when the kernels were chosen), and
-    cuBLAS and the attention backends (cuDNN's first) each get one small call (about 0.3 s of library loading
-    and handles). Everything runs on two zero tokens; nothing here touches the model's weights.
+    cuBLAS, the attention backends (cuDNN's first) and, in the float32 recipe, post_quant_conv's cuDNN conv
+    (`model.conv3d_fp32`) each get one small call (about 0.3 s of library loading and handles). Everything runs
+    on zeros (two tokens, one voxel); nothing here touches the model's weights.
 
     A set-up that fails is only a lost head start: the first decode then meets any real problem itself.
     """
@@ -80,6 +81,13 @@ class LibrarySetUp:
                 F.linear(tokens, torch.zeros(c.dim, c.dim, device=device, dtype=dtype))
                 q = tokens.view(1, 16, c.num_heads, -1).transpose(1, 2)
                 attention(q, q, q, runtime.attention_backends)  # the run's backends, for this call alone
+                if dtype == torch.float32:  # H3Decoder.post_quant's conv
+                    channels = c.latent_channels
+                    conv3d_fp32(
+                        torch.zeros(1, channels, 1, 1, 1, device=device),
+                        torch.zeros(channels, channels, 1, 1, 1, device=device),
+                        torch.zeros(channels, device=device),
+                    )
                 torch.cuda.synchronize(device)
         except Exception:  # only a head start: the first decode meets the same problem and reports it
             pass

@@ -1,0 +1,141 @@
+"""Bit for bit the release: this package's eager float32 decode against the MiniMax release's own decoder code
+(`tests/release_code.py`, read from MINIMAX_H3_RELEASE_VIDEO_VAE; skipped without it), fed the same weights and
+the same latents, for T >= 3 (the release returns nothing for T = 2 and decodes T = 1 as an image; docs/decoder.md
+section 6 says what this package does there).
+
+Every test runs on the CPU and on CUDA (skipped without a GPU), TF32 off there for both sides. On the CPU the
+claim holds at any thread count for one video; a batch of videos equals the release decoding each video alone,
+and the release's batch decode only at one thread (docs/decoder.md section 10).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import random_diffusers_vae, write_original
+from release_code import release_folder, release_vae
+
+from minimax_h3_vae import H3VideoDecoder
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
+
+
+@pytest.fixture(autouse=True)
+def release_code():
+    """Skips every test here, before it builds anything, when the release's code is not given."""
+    return release_folder()
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The device of both decodes; on CUDA with TF32 off for matmuls and cuDNN while the test runs: both sides'
+    GEMMs follow the process's matmul switch, and the release's post_quant_conv cuDNN's, on by default (this
+    package's conv never takes TF32)."""
+    if request.param == "cpu":
+        yield torch.device("cpu")
+        return
+    switches = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield torch.device("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = switches
+
+
+@pytest.fixture(scope="module")
+def release(layouts):
+    """The release's VAE with the session's weights (the original layout's file), float32, on the CPU."""
+    return release_vae(layouts["original"])
+
+
+@pytest.fixture(scope="module")
+def expected(release):
+    """expected(z, device): the release's decode of z (kept: several tests ask for the same)."""
+    outputs = {}
+
+    def decode(z: torch.Tensor, device: torch.device) -> torch.Tensor:
+        key = (tuple(z.shape), z.numpy().tobytes(), device.type)
+        if key not in outputs:
+            outputs[key] = release_decode(release, z, device)
+        return outputs[key]
+
+    return decode
+
+
+@pytest.fixture(scope="module")
+def ours(layouts):
+    """ours(layout, z, device, **options): this package's eager float32 decode of z (decoders kept per layout)."""
+    decoders = {}
+
+    def decode(layout: str, z: torch.Tensor, device: torch.device, **options) -> torch.Tensor:
+        if (layout, device) not in decoders:
+            decoders[layout, device] = load(layouts[layout], device)
+        return decoders[layout, device].decode(z.to(device), **options).cpu()
+
+    return decode
+
+
+def release_decode(vae, z: torch.Tensor, device: torch.device) -> torch.Tensor:
+    with torch.no_grad():
+        return vae.to(device).decode_base(z.to(device)).cpu()
+
+
+def load(path, device: torch.device) -> H3VideoDecoder:
+    return H3VideoDecoder.from_pretrained(path, device=device, dtype=torch.float32, fused=False)
+
+
+def latents(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("layout", ["original", "diffusers", "comfyui"])
+def test_every_layout_is_the_release(expected, ours, layout, device):
+    """T = 8: two temporal windows; 272 x 48 px: 2 tiles."""
+    z = latents(1, 24, 8, 17, 3, seed=1)
+    release = expected(z, device)
+    assert release.shape == (1, 3, 26, 272, 48) and release.std() > 0.1
+    out = ours(layout, z, device)
+    assert torch.equal(out, release), f"max abs difference {(out - release).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("frames", [3, 4, 5, 6, 7, 12, 13])
+def test_every_frame_count_is_the_release(expected, ours, frames, device):
+    """T >= 3: one to three windows, padded tails; one 32 x 48 px tile keeps it cheap."""
+    z = latents(1, 24, frames, 2, 3, seed=frames)
+    assert torch.equal(ours("original", z, device), expected(z, device))
+
+
+@pytest.mark.parametrize("tile_batch", [1, 2, None])
+def test_every_tile_grouping_is_the_release(expected, ours, tile_batch, device):
+    """The release decodes one tile per call; here tiles are grouped into calls (1 + 1 + 1 + 1, 2 + 2, all 4),
+    which changes no bit. 272 x 272 px: 2 x 2 tiles, both overlaps blended."""
+    z = latents(1, 24, 3, 17, 17, seed=5)
+    assert torch.equal(ours("original", z, device, tile_batch=tile_batch), expected(z, device))
+
+
+def test_a_batch_is_each_video_as_the_release_decodes_it(expected, ours, device):
+    """Two videos decoded together: each is the release's decode of that video alone."""
+    z = latents(2, 24, 8, 2, 3, seed=2)
+    each = torch.cat([expected(video[None], device) for video in z])
+    assert torch.equal(ours("diffusers", z, device), each)
+
+
+def test_a_batch_is_the_release_batch_on_one_thread(release, ours, one_thread):
+    """On one CPU thread the release's batch decode is its decode of each video alone, so this package's too."""
+    z = latents(2, 24, 8, 2, 3, seed=2)
+    cpu = torch.device("cpu")
+    assert torch.equal(ours("original", z, cpu), release_decode(release, z, cpu))
+
+
+@pytest.mark.parametrize("head_dim", [160, 192])
+def test_wider_rotary_tables_are_the_release(tmp_path, head_dim, device):
+    """RoPE over 120 and 144 dims (head dims 160 and 192, ratio 0.75), where the release's exponents are not
+    float32 k / n."""
+    vae = random_diffusers_vae(seed=3, decoder_attention_head_dim=head_dim)
+    folder = write_original(tmp_path, vae)
+    z = latents(1, 24, 3, 2, 3, seed=3)
+    release = release_decode(release_vae(folder), z, device)
+    assert torch.equal(load(folder, device).decode(z.to(device)).cpu(), release)
