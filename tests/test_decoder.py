@@ -125,3 +125,26 @@ def test_fp16_recipe_close_to_fp32(layouts):
     assert fp16.dtype == torch.float32
     error = (fp16 - fp32).abs()
     assert 0 < error.max() < 0.05 and error.mean() < 5e-3
+
+
+def test_fp32_post_quant_conv_is_torchs_conv_with_tf32_off_for_the_call(decoder, monkeypatch):
+    """The fp32 recipe runs post_quant_conv as the release does, torch's conv3d, one tile per call, with TF32 off
+    for that call alone (passed to the op): no process-wide switch is touched, and each call's output is
+    F.conv3d's, bit for bit."""
+    import torch.nn.functional as F
+
+    real, calls = torch._convolution, []
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    switches = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    monkeypatch.setattr(torch, "_convolution", spy)
+    decoder.decode(latents(1, 24, 3, 34, 20))  # several tiles of one window
+    monkeypatch.undo()
+    assert len(calls) > 1 and all(args[0].shape[0] == 1 and args[0].dim() == 5 for args in calls)
+    assert all(args[-1] is False for args in calls), "allow_tf32 must be False for the call"
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == switches
+    z, weight, bias = calls[0][:3]
+    assert torch.equal(real(*calls[0]), F.conv3d(z, weight, bias))

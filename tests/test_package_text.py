@@ -53,9 +53,3 @@ def test_private_names_named_exist_in_their_module(source):
     missing = [name for name in named if not re.search(rf"(?:def|class) {name}\b|^\s*{name}\s*=", text, re.M)]
     assert not missing
 
-
-def test_no_conv3d_is_run_or_warmed_up():
-    """post_quant_conv is computed as one matmul (model.py, `post_quant`): nothing calls conv3d, so the load's
-    set-up does not warm it up either."""
-    callers = [source.name for source in SOURCES if re.search(r"\bconv3d\(", source.read_text())]
-    assert not callers
