@@ -52,4 +52,3 @@ def test_private_names_named_exist_in_their_module(source):
     named = set(re.findall(r"`(_[^\W_]\w*)(?:\(\))?`", text))  # not dunders: the formats' names
     missing = [name for name in named if not re.search(rf"(?:def|class) {name}\b|^\s*{name}\s*=", text, re.M)]
     assert not missing
-
