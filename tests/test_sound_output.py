@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -159,7 +160,10 @@ def test_wav_is_the_sound_alone_exactly(tmp_path, capsys, monkeypatch):
     (audio,) = streams(out)
     assert "pcm_f32le" in audio and "32000 Hz, stereo" in audio
     assert torch.equal(samples_of(out), expected_sound(source))
-    assert out.stat().st_size == 58 + 2 * 12000 * 4 and "0.375 s of sound" in err
+    assert out.stat().st_size == 58 + 2 * 12000 * 4 and re.search(
+        r"0\.375 s of sound \(decoded in \d+\.\d s\)$", err, re.M
+    )
+    assert "sound: 100%" in err  # the sound's progress bar
 
 
 def test_flac_is_the_sound_in_24_bits(tmp_path, capsys):

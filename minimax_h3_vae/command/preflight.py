@@ -16,7 +16,7 @@ from ..text import shown
 from . import output
 from .flags import check_arguments, decode_options
 from .output import WriteError
-from .report import InputError, say
+from .report import InputError, progress_bar, say
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Prepared:
     width: int
     sink: output.OutputFile | None  # rank 0's open output
     sound: output.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
+    sound_seconds: float = 0.0  # how long reading the audio latents, loading the audio VAE and decoding took
 
 
 def checkpoint_files(model: str, checkpoint) -> list[Path]:
@@ -134,7 +135,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
         check_latents(z, config.latent_channels)  # what the decoder will be given, before it is loaded
     except ValueError as error:
         raise InputError(f"{shown(args.input)}: {error}") from None
-    sound = decode_sound(args, options, source, audio[0]) if audio is not None else None
+    sound, sound_seconds = decode_sound(args, options, source, audio[0]) if audio is not None else (None, 0.0)
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
@@ -143,7 +144,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1) -> Prep
     if rank == 0:
         video = output.VideoFormat(frames, height, width, fps, args.crf, args.preset)
         sink = output.open_sink(args.output, video, sound)
-    return Prepared(decoder, z, fps, frames, height, width, sink, sound)
+    return Prepared(decoder, z, fps, frames, height, width, sink, sound, sound_seconds)
 
 
 def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) -> Prepared:
@@ -165,9 +166,9 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int) ->
         output.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
     except ValueError as error:
         raise InputError(str(error)) from None
-    sound = decode_sound(args, options, source, checkpoint)
+    sound, sound_seconds = decode_sound(args, options, source, checkpoint)
     sink = output.open_sink(args.output, output.VideoFormat(0, 0, 0, fps), sound)
-    return Prepared(None, None, fps, 0, 0, 0, sink, sound)
+    return Prepared(None, None, fps, 0, 0, 0, sink, sound, sound_seconds)
 
 
 def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
@@ -255,10 +256,11 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     return checkpoint, output.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
 
 
-def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> output.Soundtrack:
+def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> tuple[output.Soundtrack, float]:
     """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
     fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
-    video decoder is built. InputError for unreadable latents or weights, WriteError for NaN in the sound."""
+    video decoder is built, a `sound` progress bar over its AMP blocks meanwhile. Returns (the sound, the seconds
+    all that took). InputError for unreadable latents or weights, WriteError for NaN in the sound."""
     import torch
 
     from ..audio.decoder import H3AudioDecoder
@@ -271,7 +273,19 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> outpu
         decoder = H3AudioDecoder.from_checkpoint(checkpoint, device=options.device, fused=False if args.eager else None)
     except (CheckpointError, ValueError) as error:
         raise InputError(str(error)) from None
-    samples = decoder.decode(audio_latents)
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:  # the first report comes before the first block: the bar shows from the start
+            bar = progress_bar(total, "sound", "block")
+        bar.update(done - bar.n)
+
+    try:
+        samples = decoder.decode(audio_latents, progress)
+    finally:
+        if bar is not None:
+            bar.close()
     if not torch.isfinite(samples).all():
         raise WriteError(
             f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
@@ -282,8 +296,9 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> outpu
     if options.device.type == "cuda":
         torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory
     channels, length = sound.samples.shape
+    seconds = time.perf_counter() - start
     say(
         f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
-        f"Hz ({length / sound.sample_rate:.3f} s) in {time.perf_counter() - start:.1f} s"
+        f"Hz ({length / sound.sample_rate:.3f} s) in {seconds:.1f} s"
     )
-    return sound
+    return sound, seconds
