@@ -116,10 +116,11 @@ def anti_aliased_snake_beta(
     return anti_aliased_snake_beta_reference(x, freq, inv_mag, up_filter, down_filter)
 
 
-# Input values (B x C x samples) per piece of `anti_aliased_snake_beta_in_pieces`: 1 MiB of float32, so that a
-# piece's upsampled intermediates (2 MiB each) stay in a core's L2 cache and in memory the allocator hands back
-# (measured on 2 cores, released stage shapes: 2^16 is slower by the ops' fixed costs, 2^19 by cache misses).
-PIECE_VALUES = 1 << 18
+# Input values (B x C x samples) per piece of `anti_aliased_snake_beta_in_pieces`: 4 MiB of float32, buffers the
+# allocator reuses (no page faults). Smaller pieces (2^18, the L2 cache) measured about the same on idle cores, but
+# each op is a parallel region, and with 4x as many of them a decode on busy cores under libgomp's default
+# spin-wait took 47 s instead of 8 (released size, 2 threads, benchmarks/LOG.md 2026-12-03 CPU sound).
+PIECE_VALUES = 1 << 20
 
 
 def anti_aliased_snake_beta_in_pieces(
