@@ -76,13 +76,17 @@ def test_example_to_mp4_subprocess(example_run, example_frames):
     assert f"device cpu, fp32, eager ops; checkpoint {TINY}" in result.stderr
     assert "latents (24, 12, 16, 20) -> 39 frames of 320x256 at 24 fps" in result.stderr
     assert re.search(
-        r"^wrote .*video\.mp4: 39 frames with 1\.625 s of sound in \d+\.\d s \(\d+\.\d\d frames/s; first chunk after "
+        r"^wrote .*video\.mp4: 39 frames with 1\.625 s of sound \(decoded in \d+\.\d s, before\) in \d+\.\d s "
+        r"\(\d+\.\d\d frames/s; first chunk after "
         r"\d+\.\d s, "
         r"one-time kernel set-up included\)$",
         result.stderr,
         re.M,
     )
     assert tree(folder) == {"video.mp4"}
+    # The sound's bar, from its first report (0 of the 21 AMP blocks) to the last, before the video's tiles.
+    assert re.search(r"sound:\s+0%.*\| 0/21 ", result.stderr) and re.search(r"sound: 100%.*\| 21/21 ", result.stderr)
+    assert result.stderr.index("sound: 100%") < result.stderr.index("decoding:")
 
     frames = iio.imread(out)
     assert frames.shape == (39, 256, 320, 3) and frames.dtype == np.uint8

@@ -43,8 +43,7 @@ from minimax_h3_vae import H3VideoDecoder, denormalize_latents, files, to_uint8_
 from minimax_h3_vae import latents as latents_module
 from minimax_h3_vae.checkpoints import Checkpoint, CheckpointError, load_checkpoint
 from minimax_h3_vae.command import checks, commit, encoder, mux, readback, sinks
-from minimax_h3_vae.command.main import progress_bar
-from minimax_h3_vae.command.report import say
+from minimax_h3_vae.command.report import progress_bar, say
 
 
 @pytest.fixture(autouse=True)
@@ -282,7 +281,7 @@ def test_the_error_line_starts_its_own_line_over_a_progress_bar(capsys):
     surviving rank's bar is mid-line when rank 0 is killed): the line starts at column 0, and a bar that
     has closed its line gets no blank line after it."""
     capsys.readouterr()
-    bar = progress_bar(9)
+    bar = progress_bar(9, "decoding", "tile")
     bar.update(3)  # the bar's line is drawn, with no newline after it
     said = threading.Thread(target=say, args=("error: rank 0 has stopped; nothing was written",))
     said.start()

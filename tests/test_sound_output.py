@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -159,7 +160,10 @@ def test_wav_is_the_sound_alone_exactly(tmp_path, capsys, monkeypatch):
     (audio,) = streams(out)
     assert "pcm_f32le" in audio and "32000 Hz, stereo" in audio
     assert torch.equal(samples_of(out), expected_sound(source))
-    assert out.stat().st_size == 58 + 2 * 12000 * 4 and "0.375 s of sound" in err
+    assert out.stat().st_size == 58 + 2 * 12000 * 4 and re.search(
+        r"0\.375 s of sound \(decoded in \d+\.\d s\)$", err, re.M
+    )
+    assert "sound: 100%" in err  # the sound's progress bar
 
 
 def test_flac_is_the_sound_in_24_bits(tmp_path, capsys):
@@ -433,9 +437,9 @@ def test_the_sound_decodes_before_the_video(tmp_path, capsys, monkeypatch):
     events = []
     real_audio, real_video = H3AudioDecoder.decode, H3VideoDecoder.from_checkpoint.__func__
 
-    def audio(self, z):
+    def audio(self, z, progress=None):
         events.append("audio")
-        return real_audio(self, z)
+        return real_audio(self, z, progress)
 
     def video(cls, *args, **kwargs):
         events.append("video")

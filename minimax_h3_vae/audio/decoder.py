@@ -22,7 +22,7 @@ from ..latents import check_audio_latents
 from ..runtime import resolve_device, resolve_fused
 from .config import H3AudioDecoderConfig
 from .loading import DEFAULT_REPO, AudioCheckpoint, load_checkpoint, load_weights
-from .model import AudioDecoder
+from .model import AudioDecoder, Progress
 
 
 class H3AudioDecoder(AudioDecoder):
@@ -117,10 +117,14 @@ class H3AudioDecoder(AudioDecoder):
         return z * std + mean
 
     @torch.inference_mode()
-    def decode(self, audio_latents: torch.Tensor) -> torch.Tensor:
+    def decode(self, audio_latents: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
         """Normalised audio latents (C, latent_channels, N) as H3's pipeline makes them (C = 2: the stereo
         channels, left then right) -> waveform (C, N * hop_length) float32 in [-1, 1] at `sample_rate` Hz, on the
-        decoder's device. Any C >= 1 is decoded, one mono channel per batch item."""
+        decoder's device. Any C >= 1 is decoded, one mono channel per batch item.
+
+        progress(done, total), when given, is called with total = the decoder's AMP blocks (21 in the release:
+        3 per upsampling stage, each over every channel and sample of its stage) before the first block, then
+        after each: done = 0, 1, ..., total. The latents are checked before the first call."""
         if self.device.type == "meta":
             raise ValueError(
                 "the decoder's weights are on the meta device and hold no values: load it with from_pretrained"
@@ -130,4 +134,5 @@ class H3AudioDecoder(AudioDecoder):
                 f"the audio decoder's weights were cast ({self.dec_in_proj.weight.dtype}): it runs in float32 only "
                 "(bf16 decodes come out about 20 dB quieter); load it again"
             )
-        return self(self.denormalize(audio_latents), self.ops()).squeeze(1)
+        z = self.denormalize(audio_latents)
+        return self(z, self.ops(), progress).squeeze(1)

@@ -16,6 +16,7 @@ Every conv runs in float32 with TF32 off (`conv1d`), on every device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -35,6 +36,9 @@ CROP = PAD * RESAMPLE_RATIO + (FILTER_TAPS - RESAMPLE_RATIO) // 2  # 15 (both en
 DOWN_PAD = (FILTER_TAPS // 2 - 1, FILTER_TAPS // 2)  # (5, 6)
 # SnakeBeta's guard against a zero magnitude, as released.
 SNAKE_EPS = 1e-9
+
+# progress(done, total): called as a decode's AMP blocks finish.
+Progress = Callable[[int, int], None]
 
 
 def conv1d(
@@ -64,14 +68,15 @@ def conv1d(
     )  # fmt: skip
 
 
-def anti_aliased_snake_beta(
+def anti_aliased_snake_beta_reference(
     x: torch.Tensor,
     freq: torch.Tensor,
     inv_mag: torch.Tensor,
     up_filter: torch.Tensor,
     down_filter: torch.Tensor,
 ) -> torch.Tensor:
-    """BigVGAN's anti-aliased activation: 2x upsample, SnakeBeta, low-pass 2x downsample.
+    """BigVGAN's anti-aliased activation as released, over whole tensors: 2x upsample, SnakeBeta, low-pass 2x
+    downsample. The reference of record, and the eager op off the CPU.
 
     x: (B, C, L) float32 -> (B, C, L) float32. freq, inv_mag: (1, C, 1) float32, SnakeBeta's `exp(alpha)` and
     `1 / (exp(beta) + 1e-9)`. up_filter, down_filter: (1, 1, 12) float32 (`kaiser_sinc_filter`).
@@ -89,6 +94,107 @@ def anti_aliased_snake_beta(
     h = h + inv_mag * torch.sin(freq * h).pow(2)
     h = F.pad(h, DOWN_PAD, mode="replicate")
     return conv1d(h, down_filter.expand(channels, -1, -1), None, stride=RESAMPLE_RATIO, groups=channels)
+
+
+def anti_aliased_snake_beta(
+    x: torch.Tensor,
+    freq: torch.Tensor,
+    inv_mag: torch.Tensor,
+    up_filter: torch.Tensor,
+    down_filter: torch.Tensor,
+) -> torch.Tensor:
+    """The eager anti-aliased activation: `anti_aliased_snake_beta_reference`'s values bit for bit, computed in
+    pieces along time on the CPU (`anti_aliased_snake_beta_in_pieces`) for float32 and at least 2 channels, as
+    whole tensors elsewhere. Tensor contract: the reference's.
+
+    Whole tensors for one channel: its convs are not depthwise (groups 1), and oneDNN's kernels for those
+    (brgemm-based) block the sums by length and thread count. And wherever autograd records: the pieces write
+    into buffers."""
+    records = torch.is_grad_enabled() and any(t.requires_grad for t in (x, freq, inv_mag, up_filter, down_filter))
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[1] > 1 and not records:
+        return anti_aliased_snake_beta_in_pieces(x, freq, inv_mag, up_filter, down_filter)
+    return anti_aliased_snake_beta_reference(x, freq, inv_mag, up_filter, down_filter)
+
+
+# Input values (B x C x samples) per piece of `anti_aliased_snake_beta_in_pieces`: 4 MiB of float32, buffers the
+# allocator reuses (no page faults). Smaller pieces (2^18, the L2 cache) measured about the same on idle cores, but
+# each op is a parallel region, and with 4x as many of them a decode on busy cores under libgomp's default
+# spin-wait took 47 s instead of 8 (released size, 2 threads, benchmarks/LOG.md 2026-12-03 CPU sound).
+PIECE_VALUES = 1 << 20
+
+
+def anti_aliased_snake_beta_in_pieces(
+    x: torch.Tensor,
+    freq: torch.Tensor,
+    inv_mag: torch.Tensor,
+    up_filter: torch.Tensor,
+    down_filter: torch.Tensor,
+    piece_values: int = PIECE_VALUES,
+) -> torch.Tensor:
+    """`anti_aliased_snake_beta_reference` computed piece by piece along time: the same ops on the same values,
+    in the same order, so the same float32 results, with every intermediate a few MiB instead of 2 x |x|.
+
+    Tensor contract: the reference's (x (B, C, L) float32; freq, inv_mag (1, C, 1); filters (1, 1, 12)); the
+    result is a new contiguous (B, C, L) tensor. piece_values: about B x C x samples of x per piece.
+
+    Why: over whole tensors each of the 127 activations of a decode makes ~10 passes over fresh buffers of up to
+    2 x |x| (40 MB at the released size), and on the CPU the time goes to the kernel handing out and zeroing
+    those pages (120,000 page faults per activation at stage 1 of a 10 s clip) and to cache misses, more than
+    to the arithmetic. A piece's buffers are small enough for the allocator to reuse and for the cache to hold.
+
+    Why the values are the reference's: each output sample of a conv (transposed or not) is a sum over the
+    filter taps in an order fixed by the kernel, whatever the output's position or the tensor's length, and the
+    pointwise ops are elementwise; a piece is given every input its outputs read (the halo), and the replicate
+    padding only where the reference pads, at the ends of x. The convs are the reference's calls (`conv1d` on
+    (B, C, time) tensors: the same oneDNN kernels on the CPU), the x2 gain and SnakeBeta are the same ops in the
+    same order (in place into the padded buffer: `h + t` and `t + h` are the same IEEE sum), so only the order
+    in which output samples are computed differs. tests/test_audio_pieces.py compares it with the reference.
+    """
+    batch, channels, length = x.shape
+    up = up_filter.expand(channels, -1, -1)
+    down = down_filter.expand(channels, -1, -1)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    step = max(1, piece_values // max(1, batch * channels))
+    for start in range(0, length, step):
+        end = min(length, start + step)
+        # Output samples [start, end) read the padded upsampled signal at [2 start, 2 end + 10) (12 taps, stride
+        # 2), that is SnakeBeta's u at [2 start - 5, 2 end + 5): computed over [first, last] inside [0, 2L), the
+        # rest being the reference's replicate padding at the ends.
+        first, last = max(2 * start - PAD, 0), min(2 * end + PAD - 1, 2 * length - 1)
+        # u[j] is the transposed conv's full output at j + CROP, a sum over x padded by PAD at [(j + CROP - 11) / 2,
+        # (j + CROP) / 2]: padded inputs [lo, hi] cover every sample of [first, last].
+        lo, hi = (first + CROP - FILTER_TAPS + 2) // 2, (last + CROP) // 2
+        upsampled = _transposed_piece(x, up, lo, hi)[..., first + CROP - 2 * lo : last + CROP + 1 - 2 * lo]
+        upsampled.mul_(RESAMPLE_RATIO)
+        left, right = first - (2 * start - PAD), (2 * end + PAD - 1) - last
+        padded = x.new_empty(batch, channels, left + (last - first + 1) + right)
+        snake = padded[..., left : padded.shape[-1] - right]
+        # The reference's `h + inv_mag * sin(freq * h).pow(2)`, op by op, into the padded buffer.
+        torch.mul(upsampled, freq, out=snake).sin_().pow_(2).mul_(inv_mag).add_(upsampled)
+        _replicate(padded, left, right)
+        out[..., start:end] = conv1d(padded, down, None, stride=RESAMPLE_RATIO, groups=channels)
+    return out
+
+
+def _transposed_piece(x: torch.Tensor, up: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The upsampler's transposed conv (without the x2 gain) over samples [lo, hi] of x replicate-padded by PAD:
+    (B, C, L) -> (B, C, 2 (hi - lo) + FILTER_TAPS), the full output, output q being the reference's 2 lo + q."""
+    length = x.shape[-1]
+    begin, stop = max(lo - PAD, 0), min(hi - PAD, length - 1)  # the samples of x itself
+    left, right = begin - (lo - PAD), (hi - PAD) - stop
+    padded = x.new_empty(*x.shape[:-1], left + (stop - begin + 1) + right)
+    padded[..., left : padded.shape[-1] - right] = x[..., begin : stop + 1]
+    _replicate(padded, left, right)
+    return conv1d(padded, up, None, stride=RESAMPLE_RATIO, groups=x.shape[1], transposed=True)
+
+
+def _replicate(padded: torch.Tensor, left: int, right: int) -> None:
+    """Fill the first `left` and last `right` samples of (B, C, n) `padded` with the samples next to them."""
+    end = padded.shape[-1] - right
+    if left:
+        padded[..., :left] = padded[..., left : left + 1]
+    if right:
+        padded[..., end:] = padded[..., end - 1 : end]
 
 
 EAGER_OPS = SimpleNamespace(anti_aliased_snake_beta=anti_aliased_snake_beta)
@@ -233,16 +339,22 @@ class BigVGAN(nn.Module):
         self.activation_post = AntiAliasedActivation(last)
         self.conv_post = Conv1d(last, 1, 7, bias=False)
 
-    def forward(self, x: torch.Tensor, ops: SimpleNamespace) -> torch.Tensor:
-        """x: (B, latent_dim, N) float32 -> (B, 1, N * hop_length) float32 in [-1, 1]."""
+    def forward(self, x: torch.Tensor, ops: SimpleNamespace, progress: Progress | None = None) -> torch.Tensor:
+        """x: (B, latent_dim, N) float32 -> (B, 1, N * hop_length) float32 in [-1, 1]. progress(done, total) is
+        called with total = the AMP blocks (21 in the release) before the first, and after each."""
+        total_blocks = len(self.resblocks)
+        if progress is not None:
+            progress(0, total_blocks)
         x = self.conv_pre(x)
         per = self.blocks_per_stage
         for i, (up,) in enumerate(self.ups):
             x = up(x)
-            blocks = self.resblocks[i * per : (i + 1) * per]
-            total = blocks[0](x, ops)
-            for block in blocks[1:]:
-                total = total.add_(block(x, ops))
+            total = None
+            for j, block in enumerate(self.resblocks[i * per : (i + 1) * per]):
+                out = block(x, ops)
+                total = out if total is None else total.add_(out)
+                if progress is not None:
+                    progress(i * per + j + 1, total_blocks)
             x = total.div_(per)  # the sum in block order, then one division: the release's mean
         x = self.conv_post(self.activation_post(x, ops))
         return x.clamp_(-1.0, 1.0)
@@ -265,7 +377,9 @@ class AudioDecoder(nn.Module):
     def activations(self) -> list[AntiAliasedActivation]:
         return [module for module in self.modules() if isinstance(module, AntiAliasedActivation)]
 
-    def forward(self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS) -> torch.Tensor:
+    def forward(
+        self, z: torch.Tensor, ops: SimpleNamespace = EAGER_OPS, progress: Progress | None = None
+    ) -> torch.Tensor:
         """z: (B, latent_channels, N) float32 denormalised latents, one mono channel per batch item ->
-        (B, 1, N * hop_length) float32 waveform in [-1, 1] at `config.sample_rate`."""
-        return self.decoder(self.dec_in_proj(z), ops)
+        (B, 1, N * hop_length) float32 waveform in [-1, 1] at `config.sample_rate`. progress: as `BigVGAN`'s."""
+        return self.decoder(self.dec_in_proj(z), ops, progress)

@@ -32,7 +32,7 @@ from .. import distributed
 from ..text import shown
 from .flags import parse_args
 from .preflight import Prepared, prepare
-from .report import STOP_SIGNALS, STREAM_ERRORS, Agreed, Diagnostics, InputError, Stopped, describe, say
+from .report import STOP_SIGNALS, STREAM_ERRORS, Agreed, Diagnostics, InputError, Stopped, describe, progress_bar, say
 from .signals import Watchdog, reserve_cpu_time, unwind
 from .stops import Written
 from .timing import Phases, process_age
@@ -74,21 +74,6 @@ def run(
         raise
 
 
-def progress_bar(total: int):
-    """A tqdm bar over `total` tiles on stderr that starts no thread.
-
-    tqdm's class starts a monitor thread with its first bar (one that outlives the bar, and in a host that
-    runs `main` in-process, the call), to refresh bars whose dynamic `miniters` has grown. A subclass with
-    `monitor_interval = 0` starts none and leaves tqdm's own setting, and the host's bars, as they are; with
-    `miniters=1` the bar redraws at each tile (at most every 0.1 s), so there is nothing to monitor."""
-    from tqdm import tqdm
-
-    class TileBar(tqdm):
-        monitor_interval = 0
-
-    return TileBar(total=total, unit="tile", desc="decoding", miniters=1, file=Diagnostics())
-
-
 def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, watchdog=None) -> None:
     """Decode and write; with several ranks, each decodes its tiles and rank 0 alone writes the file."""
     import torch
@@ -104,7 +89,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         agree(error, ranks)
         if sink is not None:
             prepared.phases.lap("write")
-            say(f"wrote {shown(args.output)}: {prepared.sound.format.seconds:.3f} s of sound")
+            say(
+                f"wrote {shown(args.output)}: {prepared.sound.format.seconds:.3f} s of sound "
+                f"(decoded in {prepared.phases.seconds['sound']:.1f} s)"
+            )
             if args.verbose:
                 say(prepared.phases.line())
         return
@@ -140,7 +128,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     def progress(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:  # made at the first report, which comes before the first tile: the total shows at once
-            bar = progress_bar(total)
+            bar = progress_bar(total, "decoding", "tile")
         bar.update(done - bar.n)
 
     try:
@@ -178,7 +166,12 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
-    sound = f" with {prepared.sound.format.seconds:.3f} s of sound" if prepared.sound is not None else ""
+    sound = (
+        f" with {prepared.sound.format.seconds:.3f} s of sound "
+        f"(decoded in {prepared.phases.seconds['sound']:.1f} s, before)"
+        if prepared.sound is not None
+        else ""
+    )
     say(
         f"wrote {shown(args.output)}: {frames} frames{sound} in {seconds:.1f} s ({frames / seconds:.2f} frames/s; "
         f"first chunk after {first_chunk:.1f} s, one-time kernel set-up included){memory}"

@@ -16,7 +16,7 @@ from ..text import shown
 from . import checks, formats, output
 from .commit import OutputFile, WriteError
 from .flags import check_arguments, decode_options
-from .report import InputError, say
+from .report import InputError, progress_bar, say
 from .timing import Phases
 
 
@@ -270,7 +270,8 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
 def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> formats.Soundtrack:
     """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
     fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
-    video decoder is built. InputError for unreadable latents or weights, WriteError for NaN in the sound."""
+    video decoder is built, a `sound` progress bar over its AMP blocks meanwhile. InputError for unreadable
+    latents or weights, WriteError for NaN in the sound."""
     import torch
 
     from ..audio.decoder import H3AudioDecoder
@@ -283,7 +284,19 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> forma
         decoder = H3AudioDecoder.from_checkpoint(checkpoint, device=options.device, fused=False if args.eager else None)
     except (CheckpointError, ValueError) as error:
         raise InputError(str(error)) from None
-    samples = decoder.decode(audio_latents)
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:  # the first report comes before the first block: the bar shows from the start
+            bar = progress_bar(total, "sound", "block")
+        bar.update(done - bar.n)
+
+    try:
+        samples = decoder.decode(audio_latents, progress)
+    finally:
+        if bar is not None:
+            bar.close()
     if not torch.isfinite(samples).all():
         raise WriteError(
             f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
@@ -294,8 +307,9 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> forma
     if options.device.type == "cuda":
         torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory
     channels, length = sound.samples.shape
+    seconds = time.perf_counter() - start
     say(
         f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
-        f"Hz ({length / sound.sample_rate:.3f} s) in {time.perf_counter() - start:.1f} s"
+        f"Hz ({length / sound.sample_rate:.3f} s) in {seconds:.1f} s"
     )
     return sound

@@ -41,6 +41,22 @@ class Diagnostics:
             pass
 
 
+def progress_bar(total: int, what: str, unit: str):
+    """A tqdm bar over `total` units on stderr, `what: n/total unit`, that starts no thread: the video's tiles
+    ("decoding", "tile") and the sound's AMP blocks ("sound", "block").
+
+    tqdm's class starts a monitor thread with its first bar (one that outlives the bar, and in a host that
+    runs `main` in-process, the call), to refresh bars whose dynamic `miniters` has grown. A subclass with
+    `monitor_interval = 0` starts none and leaves tqdm's own setting, and the host's bars, as they are; with
+    `miniters=1` the bar redraws at each unit (at most every 0.1 s), so there is nothing to monitor."""
+    from tqdm import tqdm
+
+    class QuietBar(tqdm):
+        monitor_interval = 0
+
+    return QuietBar(total=total, unit=unit, desc=what, miniters=1, file=Diagnostics())
+
+
 def say(line: str) -> None:
     """One line on stderr, best-effort (Diagnostics), starting a line of its own even where a progress bar
     has left the cursor inside its line."""

@@ -20,8 +20,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
-from ..audio.model import FILTER_TAPS
-from ..audio.model import anti_aliased_snake_beta as anti_aliased_snake_beta_reference
+from ..audio.model import FILTER_TAPS, anti_aliased_snake_beta_reference
 from ._common import count_launch, device_problem, grad_problem, zeros
 from ._triton_utils import NO_FMA, built_for_interpreter
 
