@@ -11,7 +11,9 @@ import dataclasses
 import json
 import re
 import shutil
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -703,7 +705,8 @@ def hub_unreachable(fake_hub, monkeypatch):
     attempts = []
 
     def unreachable(*args, **kwargs):
-        attempts.append(args[:1])
+        # Which thread tried, and from where: a failure names the caller.
+        attempts.append((args[:1], threading.current_thread().name, "".join(traceback.format_stack(limit=12))))
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -735,7 +738,8 @@ def test_hub_cached_repo_loads_without_network(hub_unreachable, layouts, referen
     start = time.monotonic()
     assert load_checkpoint("Org/Original").layout == "original"
     assert load_checkpoint("Org/DiffusersOnly").layout == "diffusers"
-    assert time.monotonic() - start < 3 and attempts == []
+    assert time.monotonic() - start < 3
+    assert not attempts, "\n".join(f"{where} on {thread}:\n{stack}" for where, thread, stack in attempts)
     assert_same_state(H3VideoDecoder.from_pretrained("Org/Original", device="cpu"), reference_state)
 
 
