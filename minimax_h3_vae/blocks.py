@@ -53,13 +53,16 @@ def qk_rms_norm_rope(
 
     qkv: (B, S, 3 * H * D), per-head interleaved: head h owns columns [3hD, 3hD + D) for q, the next D for k,
     the next D for v. cos, sin: (S, R) float32, R <= D even, shared by the whole batch.
-    Returns q, k, v as (B, H, S, D) in qkv's dtype. The norm runs in float32 and is rounded back to the
+    Returns q, k, v as (B, H, S, D) views in qkv's dtype. The norm runs in float32 and is rounded back to the
     compute dtype; the rotation runs in the compute dtype, as the release does.
+
+    The norm and the rotation run on the release's layout, (B, S, H, D) views of qkv, and q, k, v are
+    transposed after: on CUDA a row reduction over a small tensor may split its rows by the layout it is given.
     """
     batch, seq, _ = qkv.shape
-    q, k, v = qkv.view(batch, seq, num_heads, 3, -1).transpose(1, 2).unbind(3)
+    q, k, v = qkv.view(batch, seq, num_heads, 3, -1).unbind(3)
     rotary = cos.shape[-1]
-    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+    cos, sin = cos.to(qkv.dtype).unsqueeze(-2), sin.to(qkv.dtype).unsqueeze(-2)  # over the heads
 
     def norm_rope(x):
         x = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(qkv.dtype)
@@ -68,7 +71,7 @@ def qk_rms_norm_rope(
         rotated = torch.cat([-second, first], dim=-1)
         return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
-    return norm_rope(q), norm_rope(k), v
+    return norm_rope(q).transpose(1, 2), norm_rope(k).transpose(1, 2), v.transpose(1, 2)
 
 
 def linear_qk_rms_norm_rope(

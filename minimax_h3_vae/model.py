@@ -57,14 +57,16 @@ class ViTDecoder(nn.Module):
         dtype.
 
         x_embedder runs once per tile, straight into the tile's rows of the stream: a library GEMM picks its
-        kernel by the row count, so one call over all N tiles could round a tile differently for another N."""
+        kernel by the row count, so one call over all N tiles could round a tile differently for another N. The
+        bias is added after the product, as torch's Linear does for the release's strided input (a GEMM with
+        the bias fused may pick another kernel)."""
         c = self.config
         n, _, frames, height, width = z.shape
         tokens = frames * height * width
         residual = z.new_empty(n, tokens + c.num_register_tokens + 1, c.dim)
         weight, bias = self.x_embedder.weight, self.x_embedder.bias
         for tile, rows in zip(z, residual):
-            torch.addmm(bias, tile.flatten(1).T, weight.T, out=rows[:tokens])
+            torch.mm(tile.flatten(1).T, weight.T, out=rows[:tokens]).add_(bias)
         residual[:, tokens:-1] = self.register_tokens
         residual[:, -1] = 0
         norm1 = self.transformer_blocks[0].norm1.weight
@@ -81,15 +83,17 @@ class ViTDecoder(nn.Module):
 
     def head(self, residual: torch.Tensor, shape: tuple[int, int, int], ops: SimpleNamespace, out: torch.Tensor):
         """residual (N, S, dim) after the last block, tiles of latent shape (t, h, w) -> pixels
-        (N, 3, 4t, 16h, 16w) float32 written into `out` (un-patchified in the one copy)."""
+        (N, 3, 4t, 16h, 16w) float32 written into `out` (un-patchified in the one copy).
+
+        norm_out and proj_out run over every row, the register and zero tokens too, which are dropped after, as
+        the release does: a library GEMM picks its kernel by the row count."""
         c = self.config
         frames, height, width = shape
         n = residual.shape[0]
-        patches = ops.linear_fp32(
-            self.norm_out(residual[:, : frames * height * width]), self.proj_out.weight, self.proj_out.bias
-        )
+        patches = ops.linear_fp32(self.norm_out(residual), self.proj_out.weight, self.proj_out.bias)
         p, pt = c.patch_size, c.patch_size_t
-        patches = patches.view(n, frames, height, width, c.out_channels, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
+        patches = patches[:, : frames * height * width].unflatten(1, (frames, height, width))
+        patches = patches.unflatten(-1, (c.out_channels, pt, p, p)).permute(0, 4, 1, 5, 2, 6, 3, 7)
         out.view(n, c.out_channels, frames, pt, height, p, width, p).copy_(patches)
         return out
 
