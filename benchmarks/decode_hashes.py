@@ -10,8 +10,8 @@ loading door (`H3VideoDecoder.from_checkpoint` on an in-memory checkpoint of the
 path: eager / fused, fp32 / fp16, cuBLAS / quack, SDPA / fa4, resident / offload="blocks"; plus a two-chunk
 clip through `decode_stream`. A path this machine cannot run (quack or fa4 off Hopper) is listed as skipped.
 It prints a SHA-256 of each output and saves the outputs; on CUDA also the fused paths' median CUDA-event
-time per unit with the SM clock and power. On the CPU the fused kernels run under TRITON_INTERPRET=1 (set it
-before Python starts). --compare prints, per path, whether the two runs are bitwise equal.
+time per unit with the SM clock and power (not with --no-time). On the CPU the fused kernels run under
+TRITON_INTERPRET=1 (set it before Python starts). --compare prints, per path, whether the two runs are bitwise equal.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def released_weights(device: torch.device):
     return config, state
 
 
-def run(tag: str, folder: Path, device: torch.device) -> None:
+def run(tag: str, folder: Path, device: torch.device, timed: bool = True) -> None:
     # Imported before `common` (which puts this tree first on the path), so PYTHONPATH picks the package.
     import minimax_h3_vae
     from minimax_h3_vae import H3VideoDecoder
@@ -102,7 +102,7 @@ def run(tag: str, folder: Path, device: torch.device) -> None:
             outputs[name] = torch.cat(list(model.decode_stream(clip)), dim=2).cpu()
         else:
             outputs[name] = model.decode(z).cpu()
-            if device.type == "cuda" and fused:
+            if device.type == "cuda" and fused and timed:
                 times[name] = time_decode(model, z)
         report[name] = hashlib.sha256(outputs[name].numpy().tobytes()).hexdigest()[:16]
         del model
@@ -151,12 +151,13 @@ def main() -> None:
     parser.add_argument("--compare", nargs=2)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--no-time", action="store_true", help="hashes only: no timed decodes")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     if args.compare:
         compare(*args.compare, args.dir)
     else:
-        run(args.tag, args.dir, torch.device(args.device))
+        run(args.tag, args.dir, torch.device(args.device), timed=not args.no_time)
 
 
 if __name__ == "__main__":

@@ -212,7 +212,8 @@ def test_every_kernel_matches_its_reference_and_counts_its_launch(line, dtype, d
             assert got is None
             continue
         assert got.shape == want.shape
-        eps = torch.finfo(got.dtype).eps
+        # A view computed in float64 (the scores q k^T) is judged by the dtype the kernel computed in.
+        eps = torch.finfo(dtype if got.dtype == torch.float64 else got.dtype).eps
         scale = want.double().abs().max().item()
         torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=ULPS * eps * scale)
 
