@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,8 +141,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     phases.lap("read")
     sound = None
     if audio is not None:
-        sound = decode_sound(args, options, source, audio[0])
-        phases.lap("sound")
+        sound = decode_sound(args, options, source, audio[0], phases)
     try:  # the checkpoint located and checked above, not opened again; the offload decided above
         decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
     except (CheckpointError, ValueError) as error:
@@ -176,8 +174,7 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, ph
     except ValueError as error:
         raise InputError(str(error)) from None
     phases.lap("checks")
-    sound = decode_sound(args, options, source, checkpoint)
-    phases.lap("sound")
+    sound = decode_sound(args, options, source, checkpoint, phases)
     sink = output.open_sink(args.output, formats.VideoFormat(0, 0, 0, fps), sound)
     return Prepared(None, None, fps, 0, 0, 0, sink, sound, phases)
 
@@ -267,18 +264,17 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     return checkpoint, formats.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
 
 
-def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> formats.Soundtrack:
+def decode_sound(args: argparse.Namespace, options, source, checkpoint, phases: Phases) -> formats.Soundtrack:
     """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
     fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
-    video decoder is built, a `sound` progress bar over its AMP blocks meanwhile. InputError for unreadable
-    latents or weights, WriteError for NaN in the sound."""
+    video decoder is built, a `sound` progress bar over its AMP blocks meanwhile; all that is `phases`'s lap
+    "sound". InputError for unreadable latents or weights, WriteError for NaN in the sound."""
     import torch
 
     from ..audio.decoder import H3AudioDecoder
     from ..checkpoints import CheckpointError
     from ..latents import read_audio_latents
 
-    start = time.perf_counter()
     try:
         audio_latents = read_audio_latents(source)
         decoder = H3AudioDecoder.from_checkpoint(checkpoint, device=options.device, fused=False if args.eager else None)
@@ -307,9 +303,9 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint) -> forma
     if options.device.type == "cuda":
         torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory
     channels, length = sound.samples.shape
-    seconds = time.perf_counter() - start
+    phases.lap("sound")
     say(
         f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
-        f"Hz ({length / sound.sample_rate:.3f} s) in {seconds:.1f} s"
+        f"Hz ({length / sound.sample_rate:.3f} s) in {phases.seconds['sound']:.1f} s"
     )
     return sound
