@@ -91,7 +91,7 @@ class H3VideoDecoder(H3Decoder):
         diffusers `vae/` folder, or a single ComfyUI `.safetensors` file.
 
         The run options are a `DecodeOptions`, or its fields as keywords (device, dtype, fused, tile_batch,
-        offload, max_gpu_memory in GiB, tiling, output_rank, attention_backends, gemm, attention); they are
+        offload, max_gpu_memory in GiB, tiling, output_rank, attention_backends, gemm, attention, exact); they are
         checked before the checkpoint is opened. revision: for a hub repo id, a branch, tag or commit; none
         loads a cached copy without asking the hub, a branch or tag asks the hub for its newest commit first.
         """
@@ -121,7 +121,7 @@ class H3VideoDecoder(H3Decoder):
         raise ValueError("decoder.runtime is read-only: change run settings with decoder.configure(...)")
 
     def configure(self, **changes) -> H3VideoDecoder:
-        """Change run settings for every later call (fused, tile_batch, tiling, output_rank,
+        """Change run settings for every later call (fused, exact, tile_batch, tiling, output_rank,
         attention_backends), checked as at load; returns self."""
         runtime = resolve_call(self._runtime, self.config, **changes)
         self._check_backends(runtime)
@@ -139,7 +139,7 @@ class H3VideoDecoder(H3Decoder):
         follow: dtype float16, the kernels chosen again for it."""
         super().to_release_fp16()
         r, fp16 = self._runtime, torch.float16
-        kernels = fused.choose_kernels(self.config, r.device, fp16, r.fused, r.gemm, r.attention)
+        kernels = fused.choose_kernels(self.config, r.device, fp16, r.fused, r.gemm, r.attention, r.exact)
         self._runtime = dataclasses.replace(r, dtype=fp16, kernels=kernels)
         return self
 
@@ -231,6 +231,7 @@ class H3VideoDecoder(H3Decoder):
             "checkpoint": self.config,
             "dtype": self.compute_dtype,
             "fused": runtime.fused,
+            "exact": runtime.exact,
             "gemm": runtime.gemm,
             "attention": runtime.attention,
             "attention_backends": runtime.attention_backends,

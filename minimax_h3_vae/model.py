@@ -12,6 +12,7 @@ import re
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .blocks import BLOCK_LINEARS, EAGER_OPS, DecoderBlock
@@ -43,11 +44,14 @@ class ViTDecoder(nn.Module):
         return self.transformer_blocks[0].attn.to_qkv.weight.dtype
 
     def rotary(self, frames: int, height: int, width: int) -> RotaryTable:
-        """The rotary table of one tile shape, built once and reused by every call and every tile."""
-        device = self.x_embedder.weight.device
-        key = (frames, height, width, device)
+        """The rotary table of one tile shape, built once and reused by every call and every tile. Its
+        positions are in the compute dtype: the release computes them in its decoder input's dtype, float16
+        under its fp16 autocast."""
+        device, dtype = self.x_embedder.weight.device, self.compute_dtype
+        key = (frames, height, width, device, dtype)
         if key not in self._rotary_cache:
-            positions = token_positions(frames, height, width, self.config.num_register_tokens + 1, device)
+            suffix = self.config.num_register_tokens + 1
+            positions = token_positions(frames, height, width, suffix, device, dtype)
             self._rotary_cache[key] = rotary_table(positions, self.config.rope_dim, self.config.rope_theta)
         return self._rotary_cache[key]
 
@@ -56,10 +60,11 @@ class ViTDecoder(nn.Module):
         stream (N, S, dim) float32 with the register and zero tokens appended, and its norm1 in the compute
         dtype.
 
-        x_embedder runs once per tile, straight into the tile's rows of the stream: a library GEMM picks its
-        kernel by the row count, so one call over all N tiles could round a tile differently for another N. The
-        bias is added after the product, as torch's Linear does for the release's strided input (a GEMM with
-        the bias fused may pick another kernel)."""
+        x_embedder runs in float32 once per tile, straight into the tile's rows of the stream: a library GEMM
+        picks its kernel by the row count, so one call over all N tiles could round a tile differently for
+        another N. The bias is added after the product, as torch's Linear does for the release's strided input
+        (a GEMM with the bias fused may pick another kernel). In the fp16 recipe the tokens are rounded to
+        float16, as the release returns them in its (float16) input's dtype before the float32 registers join."""
         c = self.config
         n, _, frames, height, width = z.shape
         tokens = frames * height * width
@@ -67,6 +72,8 @@ class ViTDecoder(nn.Module):
         weight, bias = self.x_embedder.weight, self.x_embedder.bias
         for tile, rows in zip(z, residual):
             torch.mm(tile.flatten(1).T, weight.T, out=rows[:tokens]).add_(bias)
+        if self.compute_dtype != torch.float32:
+            residual[:, :tokens] = residual[:, :tokens].to(self.compute_dtype)
         residual[:, tokens:-1] = self.register_tokens
         residual[:, -1] = 0
         norm1 = self.transformer_blocks[0].norm1.weight
@@ -152,20 +159,19 @@ class H3Decoder(nn.Module):
         Each tile's values depend on that tile alone, whatever N: a library conv chooses its algorithm (cuDNN:
         also TF32) by the batch size, and gave other bits for other tile counts. The float32 recipe runs the
         conv once per tile as the release does (one tile per call), TF32 off for this call alone
-        (`conv3d_fp32`), so that its bits are the release's (docs/decoder.md section 10). The fp16 recipe, whose
-        bits are this package's own (the release runs this conv under fp16 autocast), sums the channels in
-        float32 one input channel at a time, in a fixed order."""
+        (`conv3d_fp32`), so that its bits are the release's (docs/decoder.md section 10). The fp16 recipe runs
+        it as the release's fp16 autocast does, a float16 conv of float16-rounded latents, weight and bias
+        (values held in float32 here); on the CPU, where the release has no autocast, likewise."""
         z = z.float()
         weight, bias = self.post_quant_conv.weight, self.post_quant_conv.bias
+        out = torch.empty_like(z)
         if self.compute_dtype == torch.float32:
-            out = torch.empty_like(z)
             for tile, rows in zip(z, out):
                 rows.copy_(conv3d_fp32(tile[None], weight, bias)[0])
             return out
-        # repeat() always copies (an expand made contiguous would be the bias itself for a one-voxel batch)
-        out = bias.view(1, -1, 1, 1, 1).repeat(z.shape[0], 1, *z.shape[2:])
-        for channel, w in enumerate(weight.flatten(1).T):
-            out.addcmul_(z[:, channel : channel + 1], w.view(-1, 1, 1, 1))
+        weight, bias = weight.to(self.compute_dtype), bias.to(self.compute_dtype)
+        for tile, rows in zip(z, out):
+            rows.copy_(F.conv3d(tile[None].to(self.compute_dtype), weight, bias)[0])
         return out
 
     def forward(

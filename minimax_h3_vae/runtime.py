@@ -45,7 +45,7 @@ GIB = 2**30
 # The largest GPU memory budget taken, in GiB: far above any card, small enough that bytes stay exact.
 MAX_GPU_MEMORY_GIB = 2**20
 # The options a decode call may change; the others place the weights and are fixed at load.
-CALL_OPTIONS = ("fused", "tile_batch", "tiling", "output_rank", "attention_backends")
+CALL_OPTIONS = ("fused", "exact", "tile_batch", "tiling", "output_rank", "attention_backends")
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,14 @@ class Runtime:
     max_gpu_memory: bytes the decoder may hold on the GPU, weights included (None: what is free). gemm: the fused
     path's block GEMMs, "cublas" or "quack" (GEMM_BACKENDS; the eager path always runs torch's). attention: the
     fused path's attention, "sdpa" or "fa4" (ATTENTION_KERNELS; the eager path always runs SDPA). kernels: what runs
-    each op (`fused.Kernels`), chosen from all of the above by `fused.choose_kernels`.
+    each op (`fused.Kernels`), chosen from all of the above by `fused.choose_kernels`. exact: the fused path
+    takes only the kernels that give the eager ops' bits, which are the release's (the eager path always is).
     """
 
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
     fused: bool = False
+    exact: bool = False
     tile_batch: int | None = None
     tiling: Tiling = RELEASE_TILING
     output_rank: int | None = None
@@ -93,12 +95,15 @@ class DecodeOptions:
     attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS). gemm: "auto",
     "cublas" or "quack", the fused fp16 path's block GEMMs (`resolve_gemm`; auto: quack where it runs).
     attention: "auto", "sdpa" or "fa4", the fused fp16 path's attention (`resolve_attention`; auto: fa4 where
-    it runs).
+    it runs). exact: True / False, whether the output is bit for bit the release's decode (fp32: its float32
+    decode; fp16: its eager decode under fp16 autocast) on the fused path too, which then runs only the
+    kernels that keep every rounding (and cuBLAS and SDPA, not quack or flash-attn-4); the eager path always is.
     """
 
     device: str | torch.device | None = None
     dtype: torch.dtype | str | None = None
     fused: bool | None = None
+    exact: bool = False
     tile_batch: int | None = None
     offload: str = "auto"
     max_gpu_memory: float | None = None
@@ -111,7 +116,7 @@ class DecodeOptions:
     def __post_init__(self):
         object.__setattr__(self, "device", _check_device(self.device))
         object.__setattr__(self, "dtype", _check_dtype(self.dtype))
-        for name in ("fused", "tile_batch", "tiling", "output_rank", "attention_backends"):
+        for name in ("fused", "exact", "tile_batch", "tiling", "output_rank", "attention_backends"):
             object.__setattr__(self, name, _CHECKS[name](getattr(self, name)))
         if self.offload not in ("auto", *OFFLOAD_MODES):
             raise ValueError(f"offload must be 'auto', 'none' or 'blocks', got {self.offload!r}")
@@ -137,8 +142,8 @@ def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.dev
         device,
         dtype,
         use_fused,
-        resolve_gemm(options.gemm, device, dtype, use_fused),
-        resolve_attention(options.attention, device, dtype, use_fused),
+        resolve_gemm(options.gemm, device, dtype, use_fused, options.exact),
+        resolve_attention(options.attention, device, dtype, use_fused, options.exact),
     )
 
 
@@ -157,6 +162,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         device=device,
         dtype=dtype,
         fused=use_fused,
+        exact=options.exact,
         tile_batch=options.tile_batch,
         tiling=tiling,
         output_rank=options.output_rank,
@@ -165,13 +171,14 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         max_gpu_memory=cap,
         gemm=gemm,
         attention=attention,
-        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention),
+        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention, options.exact),
     )
 
 
 def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtime:
     """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it and decided as
-    `resolve` decides it (a change of `fused` chooses the kernels again, with runtime's gemm and attention).
+    `resolve` decides it (a change of `fused` or `exact` chooses the kernels again, with runtime's gemm and
+    attention; exact=True where they are quack or flash-attn-4 is a ValueError).
     None means what it means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank);
     tiling and attention_backends need a value. The options that place the weights (device, dtype, offload,
     max_gpu_memory) are fixed at load: asking for them here is a ValueError, as is a name that is no option
@@ -188,11 +195,18 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     if "tiling" in checked:
         checked["tiling"].check(config)
     if "fused" in checked:
-        use_fused = checked["fused"] = resolve_fused(checked["fused"], runtime.device)
-        if use_fused != runtime.fused:
-            r = runtime
-            checked["kernels"] = fused.choose_kernels(config, r.device, r.dtype, use_fused, r.gemm, r.attention)
-    return dataclasses.replace(runtime, **checked) if checked else runtime
+        checked["fused"] = resolve_fused(checked["fused"], runtime.device)
+    r = dataclasses.replace(runtime, **checked)
+    if r.exact and not runtime.exact and (r.gemm, r.attention) != ("cublas", "sdpa"):
+        raise ValueError(
+            f"exact=True: this decoder was loaded with gemm={r.gemm!r} and attention={r.attention!r}, which are "
+            "not bit for bit the release's; load it with exact=True (or gemm='cublas', attention='sdpa')"
+        )
+    if (r.fused, r.exact) != (runtime.fused, runtime.exact):
+        r = dataclasses.replace(
+            r, kernels=fused.choose_kernels(config, r.device, r.dtype, r.fused, r.gemm, r.attention, r.exact)
+        )
+    return r
 
 
 def placement_description(runtime: Runtime, device: torch.device) -> str:
@@ -241,6 +255,12 @@ def _is_int(value) -> bool:
 def _check_fused(value) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"fused must be True or False, got {value!r}")
+    return value
+
+
+def _check_exact(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"exact must be True or False, got {value!r}")
     return value
 
 
@@ -332,6 +352,7 @@ def _check_gib(value) -> None:
 OPTION_NAMES = tuple(field.name for field in dataclasses.fields(DecodeOptions))
 _CHECKS = {
     "fused": _check_fused,
+    "exact": _check_exact,
     "tile_batch": _check_tile_batch,
     "tiling": _check_tiling,
     "output_rank": _check_output_rank,
@@ -363,30 +384,34 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     return _check_dtype(dtype)
 
 
-def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
+def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool, exact: bool = False) -> str:
     """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
     recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
-    CuTe DSL installed. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
-    ValueError naming what is missing. Nothing is imported here: quack's import (8-17 s on an H200) happens
-    at load, beside the weights."""
+    CuTe DSL installed, and not `exact` (its epilogues round once where the release rounds twice). "auto"
+    picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a ValueError naming what is
+    missing. Nothing is imported here: quack's import (8-17 s on an H200) happens at load, beside the
+    weights."""
 
     def problem():
         needs = "quack-kernels and NVIDIA's CuTe DSL"
-        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs)
+        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs, exact)
 
     return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
 
 
-def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
+def resolve_attention(
+    attention: str, device: torch.device, dtype: torch.dtype, use_fused: bool, exact: bool = False
+) -> str:
     """The fused path's attention. "fa4" runs where every part of it can: the fused path, the fp16 recipe, a
-    Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed. "auto"
-    picks it there and SDPA elsewhere; an explicit "fa4" anywhere else is a ValueError naming what is
-    missing. Nothing is imported here (flash-attn-4 imports quack: 8-17 s), only at load."""
+    Hopper GPU (where it was measured) and flash-attn-4 with quack-kernels and the CuTe DSL installed, and not
+    `exact` (the release runs torch's SDPA). "auto" picks it there and SDPA elsewhere; an explicit "fa4"
+    anywhere else is a ValueError naming what is missing. Nothing is imported here (flash-attn-4 imports
+    quack: 8-17 s), only at load."""
     from .fused import flash_attention  # imports no flash-attn-4
 
     def problem():
         needs = "flash-attn-4, quack-kernels and NVIDIA's CuTe DSL"
-        return _hopper_problem(device, dtype, use_fused, "attention", flash_attention.installed, needs)
+        return _hopper_problem(device, dtype, use_fused, "attention", flash_attention.installed, needs, exact)
 
     return _choose("attention", attention, ATTENTION_KERNELS, problem, "'sdpa'")
 
@@ -406,9 +431,13 @@ def _choose(name: str, value: str, kernels: tuple[str, str], problem, way_out: s
     return default
 
 
-def _hopper_problem(device: torch.device, dtype: torch.dtype, use_fused: bool, what: str, installed, needs: str):
+def _hopper_problem(
+    device: torch.device, dtype: torch.dtype, use_fused: bool, what: str, installed, needs: str, exact: bool = False
+):
     """Why the `hopper` extra's kernel for the recipe's `what` cannot run with these settings (`installed()`:
     whether what it needs is installed, named `needs`), or None."""
+    if exact:
+        return "is not bit for bit the release's, which exact=True asks for"
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != fused.HOPPER:
         return f"needs a Hopper GPU (compute capability 9.0); {device} is not one"
     if dtype != torch.float16:

@@ -139,3 +139,103 @@ def test_wider_rotary_tables_are_the_release(tmp_path, head_dim, device):
     z = latents(1, 24, 3, 2, 3, seed=3)
     release = release_decode(release_vae(folder), z, device)
     assert torch.equal(load(folder, device).decode(z.to(device)).cpu(), release)
+
+
+# ---- the fp16 recipe: the release's eager decode under fp16 autocast, on CUDA ------------------------------------
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the release's fp16 autocast needs a CUDA GPU")
+# The fp16 paths that give the release's bits: the eager ops, and the fused path with exact=True.
+FP16_PATHS = [dict(fused=False), dict(fused=True, exact=True)]
+FP16_IDS = ["eager", "fused-exact"]
+
+
+@pytest.fixture(scope="module")
+def expected_fp16(release):
+    """expected_fp16(z): the release's decode of z on CUDA under fp16 autocast (kept per latents)."""
+    outputs = {}
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        key = (tuple(z.shape), z.numpy().tobytes())
+        if key not in outputs:
+            with torch.no_grad(), torch.autocast("cuda", torch.float16):
+                outputs[key] = release.to("cuda").decode_base(z.to("cuda")).float().cpu()
+        return outputs[key]
+
+    return decode
+
+
+@pytest.fixture(scope="module")
+def ours_fp16(layouts):
+    """ours_fp16(layout, z, offload="none", **options): this package's fp16 decode of z on CUDA."""
+    decoders = {}
+
+    def decode(layout: str, z: torch.Tensor, offload: str = "none", **options) -> torch.Tensor:
+        if (layout, offload) not in decoders:
+            decoders[layout, offload] = H3VideoDecoder.from_pretrained(
+                layouts[layout], device="cuda", dtype="fp16", offload=offload
+            )
+        return decoders[layout, offload].decode(z.to("cuda"), **options).cpu()
+
+    return decode
+
+
+def assert_same(out: torch.Tensor, want: torch.Tensor) -> None:
+    assert out.shape == want.shape
+    assert torch.equal(out, want), f"max abs difference {(out - want).abs().max().item():.3g}"
+
+
+@cuda_only
+@pytest.mark.parametrize("path", FP16_PATHS, ids=FP16_IDS)
+@pytest.mark.parametrize("layout", ["original", "diffusers", "comfyui"])
+def test_fp16_is_the_release_autocast_decode(expected_fp16, ours_fp16, layout, path):
+    """T = 8 (two windows), 272 x 48 px (2 tiles), every layout."""
+    z = latents(1, 24, 8, 17, 3, seed=1)
+    assert_same(ours_fp16(layout, z, **path), expected_fp16(z))
+
+
+@cuda_only
+@pytest.mark.parametrize("path", FP16_PATHS, ids=FP16_IDS)
+def test_fp16_every_tile_batch_is_the_release_autocast_decode(expected_fp16, ours_fp16, path):
+    """768 x 1344 px, the released unit's 4 x 7 = 28 tiles, in calls of 1 to 28 tiles and as many as fit."""
+    z = latents(1, 24, 3, 48, 84, seed=7)
+    want = expected_fp16(z)
+    for tile_batch in [*range(1, 29), None]:
+        out = ours_fp16("original", z, tile_batch=tile_batch, **path)
+        assert torch.equal(out, want), f"tile_batch={tile_batch}: max abs {(out - want).abs().max().item():.3g}"
+
+
+@cuda_only
+@pytest.mark.parametrize("path", FP16_PATHS, ids=FP16_IDS)
+def test_fp16_a_batch_of_two_is_the_release_autocast_decode(expected_fp16, ours_fp16, path):
+    """Two videos decoded together, as the release decodes them together."""
+    z = latents(2, 24, 8, 2, 3, seed=2)
+    assert_same(ours_fp16("diffusers", z, **path), expected_fp16(z))
+
+
+@cuda_only
+@pytest.mark.parametrize("path", FP16_PATHS, ids=FP16_IDS)
+def test_fp16_streamed_blocks_are_the_release_autocast_decode(expected_fp16, ours_fp16, path):
+    """offload="blocks": the block weights streamed from host memory, the decode layer-major."""
+    z = latents(1, 24, 8, 17, 17, seed=4)
+    assert_same(ours_fp16("original", z, offload="blocks", **path), expected_fp16(z))
+
+
+@cuda_only
+@pytest.mark.parametrize("path", FP16_PATHS, ids=FP16_IDS)
+def test_fp16_the_two_chunk_stream_is_the_release_autocast_decode(expected_fp16, layouts, path):
+    """decode_stream over two windows: each chunk is the release's frames, in order."""
+    z = latents(1, 24, 8, 17, 3, seed=1)
+    decoder = H3VideoDecoder.from_pretrained(layouts["comfyui"], device="cuda", dtype="fp16", **path)
+    chunks = [chunk.cpu() for chunk in decoder.decode_stream(z.to("cuda"))]
+    assert len(chunks) == 2
+    assert_same(torch.cat(chunks, dim=2), expected_fp16(z))
+
+
+@cuda_only
+def test_fp16_fused_exact_runs_its_kernels(layouts):
+    """exact=True on the fused path launches the exact kernels (the residual add, the gate), and only those."""
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", exact=True)
+    assert decoder.runtime.fused and decoder.runtime.exact
+    decoder.decode(latents(1, 24, 3, 2, 3).to("cuda"))
+    ran = {name for name, count in decoder.launch_counts().items() if count}
+    assert ran == {"scale_add_torch_rms_norm", "silu_mul"}

@@ -153,6 +153,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, choices, default, help in KERNEL_FLAGS:
         parser.add_argument(flag, choices=choices, default=default, help=help)
     parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="bit for bit the release's decode (fp16: its eager fp16-autocast decode) on the fused path too: "
+        "only the kernels that keep every rounding, with cuBLAS and SDPA",
+    )
+    parser.add_argument(
         "--offload",
         choices=("auto", "none", "blocks"),
         default="auto",
@@ -179,6 +185,7 @@ FLAGS = {
     "offload": "--offload",
     "gemm": "--gemm",
     "attention": "--attention",
+    "exact": "--exact",
 }
 
 
@@ -193,6 +200,7 @@ def decode_options(args: argparse.Namespace, device=None):
             device=device or args.device,
             dtype=args.dtype,
             fused=False if args.eager else None,
+            exact=args.exact,
             tile_batch=args.tile_batch,
             offload=args.offload,
             max_gpu_memory=args.max_gpu_memory,

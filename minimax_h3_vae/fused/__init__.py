@@ -170,11 +170,13 @@ def launch_counts(launches: dict[str, int]) -> dict[str, int]:
     return {name: launches.get(name, 0) for name in LAUNCH_NAMES}
 
 
-def _choose(record: type, config, device: torch.device, dtype: torch.dtype, options: dict[str, str]):
+def _choose(
+    record: type, config, device: torch.device, dtype: torch.dtype, options: dict[str, str], exact: bool = False
+):
     """The chooser of both decoders: for each op of `record`, the first of its registry lines that `options`
-    ask for (a line without an option: always) and that can run for a model of `config` on `device` with
-    `dtype` (a line `after` another op: where that op got a kernel), else its eager one; one warning names
-    each kernel left out and why. Returns a `record`."""
+    ask for (a line without an option: always; with `exact`, only the lines that give the eager op's bits) and
+    that can run for a model of `config` on `device` with `dtype` (a line `after` another op: where that op got
+    a kernel), else its eager one; one warning names each kernel left out and why. Returns a `record`."""
     device = torch.device(device)
     defaults = {f.name: f.default for f in fields(record)}
     # The device test comes first so that a kernel that cannot launch here is never defined.
@@ -184,6 +186,8 @@ def _choose(record: type, config, device: torch.device, dtype: torch.dtype, opti
         tried = []
         for line in registry.candidates(op):
             if line.option is not None and options.get(line.option[0]) != line.option[1]:
+                continue
+            if exact and not line.exact:
                 continue
             if line.after is not None:
                 if chosen.get(line.after, defaults[line.after]) != defaults[line.after]:
@@ -219,16 +223,19 @@ def choose_kernels(
     fused: bool = True,
     gemm: str = "cublas",
     attention: str = "sdpa",
+    exact: bool = False,
 ) -> Kernels:
     """The kernel of each op for a video model of `config` on `device` with block linears in `dtype`: each
     kernel that can run there, else the eager op (and one warning naming those kernels and why);
     `EAGER_KERNELS` when not `fused`. gemm: "quack" takes quack's GEMMs for w1 and its gate, for the attention's
     projection with its QK norm and RoPE, and for proj_out (fp16x3) where they run (this imports quack);
     "cublas" torch's linear followed by the gate's and the norm's kernels, and proj_out as tf32x3. attention:
-    "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's SDPA."""
+    "fa4" takes flash-attn-4's kernel where it runs (this imports it and quack); "sdpa" torch's SDPA. exact:
+    only the kernels that give the eager ops' bits (the registry's `exact` lines), every other op eager: the
+    release's bits."""
     if not fused:
         return EAGER_KERNELS
-    return _choose(Kernels, config, device, dtype, {"gemm": gemm, "attention": attention})
+    return _choose(Kernels, config, device, dtype, {"gemm": gemm, "attention": attention}, exact)
 
 
 def choose_audio_kernels(config, device: torch.device, fused: bool = True) -> AudioKernels:

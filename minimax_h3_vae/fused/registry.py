@@ -31,24 +31,28 @@ from dataclasses import dataclass
 class Kernel:
     """One way to run `op`. name: its value in the decoder's record. module: the module of fused/ that holds it
     (None for `after`). option: (run option, value) that asks for it, e.g. ("gemm", "quack"); None: every fused
-    run. after: torch's linear followed by this other op, as that op was chosen (chosen when it got a kernel)."""
+    run. after: torch's linear followed by this other op, as that op was chosen (chosen when it got a kernel).
+    exact: the kernel gives the eager op's bits on every input (the same float32 operations in the same order:
+    the release's bits), so an `exact` run may take it; the other lines are within the dtype's rounding of it."""
 
     op: str
     name: str
     module: str | None = None
     option: tuple[str, str] | None = None
     after: str | None = None
+    exact: bool = False
 
 
 KERNELS = (
     Kernel("rms_norm", "triton", "rms_norm"),
     Kernel("scale_add_rms_norm", "triton", "scale_add_rms_norm"),
+    Kernel("scale_add_rms_norm", "triton+torch", "scale_add_torch_rms_norm", exact=True),
     Kernel("qk_rms_norm_rope", "triton", "qk_rms_norm_rope"),
-    Kernel("silu_mul", "triton", "silu_mul"),
+    Kernel("silu_mul", "triton", "silu_mul", exact=True),
     Kernel("linear_fp32", "fp16x3", "fp16x3_linear", option=("gemm", "quack")),
     Kernel("linear_fp32", "tf32x3", "tf32x3_linear"),
     Kernel("linear_silu_mul", "quack", "linear_silu_mul", option=("gemm", "quack")),
-    Kernel("linear_silu_mul", "cublas+triton", after="silu_mul"),
+    Kernel("linear_silu_mul", "cublas+triton", after="silu_mul", exact=True),
     Kernel("linear_qk_rms_norm_rope", "quack", "linear_qk_rms_norm_rope", option=("gemm", "quack")),
     Kernel("linear_qk_rms_norm_rope", "cublas+triton", after="qk_rms_norm_rope"),
     Kernel("attention", "fa4", "flash_attention", option=("attention", "fa4")),
