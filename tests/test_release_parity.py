@@ -233,9 +233,28 @@ def test_fp16_the_two_chunk_stream_is_the_release_autocast_decode(expected_fp16,
 
 @cuda_only
 def test_fp16_fused_exact_runs_its_kernels(layouts):
-    """exact=True on the fused path launches the exact kernels (the residual add, the gate), and only those."""
+    """exact=True on the fused path launches the exact kernels (every Triton one of the blocks), not proj_out's
+    tf32x3, which the default fused path runs."""
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", exact=True)
     assert decoder.runtime.fused and decoder.runtime.exact
+    before = decoder.launch_counts()
     decoder.decode(latents(1, 24, 3, 2, 3).to("cuda"))
-    ran = {name for name, count in decoder.launch_counts().items() if count}
-    assert ran == {"scale_add_torch_rms_norm", "silu_mul"}
+    ran = {name for name, count in decoder.launch_counts().items() if count > before[name]}
+    assert ran == {"rms_norm", "scale_add_rms_norm", "qk_rms_norm_rope", "silu_mul"}
+
+
+@cuda_only
+def test_fp32_fused_exact_is_the_release(expected, layouts):
+    """exact=True in float32: the fused kernels give the release's float32 decode too (TF32 off, as for the
+    eager tests), in calls of 1, 2 and all 4 tiles."""
+    switches = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        z = latents(1, 24, 3, 17, 17, seed=5)
+        want = expected(z, torch.device("cuda"))
+        decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp32", exact=True)
+        assert decoder.runtime.fused
+        for tile_batch in (1, 2, None):
+            assert_same(decoder.decode(z.to("cuda"), tile_batch=tile_batch).cpu(), want)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = switches

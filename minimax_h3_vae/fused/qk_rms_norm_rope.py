@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..blocks import qk_rms_norm_rope as qk_rms_norm_rope_reference
 from ._common import MAX_GRID_YZ, count_launch, device_problem, dtype_problem, grad_problem, is_number, zeros
-from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, to_dtype
+from ._triton_utils import NO_FMA, built_for_interpreter, to_dtype, torch_inv_rms, torch_row_order, torch_sum_of_squares
 
 __all__ = ["model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
 
@@ -19,17 +19,39 @@ _TILE = 2048
 
 
 @triton.jit
-def _norm_rope(ptrs, partner_ptrs, mask, cos, sin, is_rotary, eps, HEAD_DIM: tl.constexpr, dtype: tl.constexpr):
+def _norm_rope(
+    row_ptrs,
+    dims,
+    partner,
+    mask,
+    cos,
+    sin,
+    is_rotary,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    dtype: tl.constexpr,
+    THREADS: tl.constexpr,
+    WARPS: tl.constexpr,
+    VECTORS: tl.constexpr,
+    LANE_STEPS: tl.constexpr,
+    WARP_STEPS: tl.constexpr,
+):
     """Normalise one (BLOCK_S, HEAD_DIM) tile of q or k and rotate its first dims; returns it in `dtype`.
+    row_ptrs: (BLOCK_S, 1) pointers to each token's head.
 
-    Mirrors the eager op's roundings: the norm is rounded to `dtype`, then each product and their sum are
-    rounded to `dtype` as torch's half-precision ops do. cos, sin: already rounded to `dtype`, float32,
-    sin negated on the first rotary half.
+    Mirrors the eager op's roundings: the RMS in torch's order (`torch_row_order`), the norm rounded to
+    `dtype`, then each product and their sum rounded to `dtype` as torch's half-precision ops do. cos, sin:
+    already rounded to `dtype`, float32, sin negated on the first rotary half.
     """
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    scale = torch_inv_rms(
+        torch_sum_of_squares(row_ptrs, HEAD_DIM, mask, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS),
+        HEAD_DIM,
+        eps,
+    )[:, None]
+    x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0).to(tl.float32)
     # Each column's NeoX partner, loaded again rather than permuted in registers; it is in cache.
-    x_partner = tl.load(partner_ptrs, mask=mask, other=0.0).to(tl.float32)
-    scale = inv_rms(x, HEAD_DIM, eps)[:, None]
+    x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     normed = to_dtype(x * scale, dtype).to(tl.float32)
     partner = to_dtype(x_partner * scale, dtype).to(tl.float32)
     rotated = to_dtype(normed * cos, dtype).to(tl.float32) + to_dtype(partner * sin, dtype).to(tl.float32)
@@ -54,6 +76,11 @@ def _qk_rms_norm_rope_kernel(
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    THREADS: tl.constexpr,
+    WARPS: tl.constexpr,
+    VECTORS: tl.constexpr,
+    LANE_STEPS: tl.constexpr,
+    WARP_STEPS: tl.constexpr,
 ):
     """qkv: (B, S, 3 * H * HEAD_DIM) any float dtype, per-head interleaved [q | k | v], unit column stride.
     cos, sin: (S, ROTARY_DIM) float32, any strides, shared by every batch entry. q, k: (B, S, H, HEAD_DIM)
@@ -79,10 +106,12 @@ def _qk_rms_norm_rope_kernel(
     q_row = qkv_ptr + batch.to(tl.int64) * stride_qkv_b + tokens * stride_qkv_s + head * 3 * HEAD_DIM
     k_row = q_row + HEAD_DIM
     out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
-    q = _norm_rope(q_row + dims[None, :], q_row + partner[None, :], mask, cos, sin, is_rotary, eps, HEAD_DIM, dtype)
-    tl.store(q_ptr + out, q, mask=mask)
-    k = _norm_rope(k_row + dims[None, :], k_row + partner[None, :], mask, cos, sin, is_rotary, eps, HEAD_DIM, dtype)
-    tl.store(k_ptr + out, k, mask=mask)
+    for row, out_ptr in ((q_row, q_ptr), (k_row, k_ptr)):
+        x = _norm_rope(
+            row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
+            THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
+        )  # fmt: skip
+        tl.store(out_ptr + out, x, mask=mask)
 
 
 def _head_dim(qkv: torch.Tensor, num_heads: int) -> int:
@@ -115,8 +144,8 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
     head_dim = _head_dim(qkv, num_heads)
     if width != 3 * num_heads * head_dim:
         return f"qkv's last dim {width} is not 3 * num_heads * head_dim with num_heads={num_heads}"
-    if head_dim & (head_dim - 1) or not 0 < head_dim <= MAX_HEAD_DIM:
-        return f"head_dim must be a power of two <= {MAX_HEAD_DIM}, got {head_dim}"
+    if head_dim & (head_dim - 1) or not 4 <= head_dim <= MAX_HEAD_DIM:
+        return f"head_dim must be a power of two in [4, {MAX_HEAD_DIM}], got {head_dim}"
     if batch > MAX_GRID_YZ:
         return f"batch must be <= {MAX_GRID_YZ}, got {batch}"
     if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != seq:
@@ -172,6 +201,7 @@ def qk_rms_norm_rope(
         ROTARY_DIM=cos.shape[-1],
         BLOCK_S=block_s,
         num_warps=4,
+        **torch_row_order(head_dim),
         **NO_FMA,
     )
     count_launch(launches, "qk_rms_norm_rope")

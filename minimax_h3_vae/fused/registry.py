@@ -44,17 +44,16 @@ class Kernel:
 
 
 KERNELS = (
-    Kernel("rms_norm", "triton", "rms_norm"),
-    Kernel("scale_add_rms_norm", "triton", "scale_add_rms_norm"),
-    Kernel("scale_add_rms_norm", "triton+torch", "scale_add_torch_rms_norm", exact=True),
-    Kernel("qk_rms_norm_rope", "triton", "qk_rms_norm_rope"),
+    Kernel("rms_norm", "triton", "rms_norm", exact=True),
+    Kernel("scale_add_rms_norm", "triton", "scale_add_rms_norm", exact=True),
+    Kernel("qk_rms_norm_rope", "triton", "qk_rms_norm_rope", exact=True),
     Kernel("silu_mul", "triton", "silu_mul", exact=True),
     Kernel("linear_fp32", "fp16x3", "fp16x3_linear", option=("gemm", "quack")),
     Kernel("linear_fp32", "tf32x3", "tf32x3_linear"),
     Kernel("linear_silu_mul", "quack", "linear_silu_mul", option=("gemm", "quack")),
     Kernel("linear_silu_mul", "cublas+triton", after="silu_mul", exact=True),
     Kernel("linear_qk_rms_norm_rope", "quack", "linear_qk_rms_norm_rope", option=("gemm", "quack")),
-    Kernel("linear_qk_rms_norm_rope", "cublas+triton", after="qk_rms_norm_rope"),
+    Kernel("linear_qk_rms_norm_rope", "cublas+triton", after="qk_rms_norm_rope", exact=True),
     Kernel("attention", "fa4", "flash_attention", option=("attention", "fa4")),
     Kernel("anti_aliased_snake_beta", "triton", "anti_aliased_snake_beta"),
 )

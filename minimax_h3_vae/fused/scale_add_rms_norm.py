@@ -1,4 +1,5 @@
-"""`residual += y * scale` in place, then RMSNorm of the new residual: one Triton launch."""
+"""`residual += y * scale` in place, then RMSNorm of the new residual (float32 math in torch's order): one Triton
+launch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from torch import Tensor
 from ..blocks import scale_add_rms_norm as scale_add_rms_norm_reference
 from . import _common
 from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype_problem, grad_problem, is_number
-from ._triton_utils import NO_FMA, built_for_interpreter, inv_rms, row_launch, to_dtype
+from ._triton_utils import (
+    NO_FMA,
+    built_for_interpreter,
+    row_launch,
+    to_dtype,
+    torch_inv_rms,
+    torch_row_order,
+    torch_tree_sum,
+)
 
 __all__ = ["model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
 
@@ -30,15 +39,38 @@ def _scale_add_rms_norm_kernel(
     NORM: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    THREADS: tl.constexpr,
+    WARPS: tl.constexpr,
+    VECTORS: tl.constexpr,
+    LANE_STEPS: tl.constexpr,
+    WARP_STEPS: tl.constexpr,
 ):
     """res: (n_rows, n_cols) float32, row stride `stride_res`, updated in place. y: (n_rows, n_cols) any float
     dtype, row stride `stride_y`. scale, w: (n_cols,) float32. out: (n_rows, n_cols) contiguous, written only
-    when NORM (w and out are unused otherwise). Unit column strides throughout."""
+    when NORM (w and out are unused otherwise). Unit column strides throughout.
+
+    The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops). Its sum of
+    squares is taken in torch's order (`torch_row_order`) from the row as it will be stored, so the new row is
+    computed twice: once in torch's reading order for the norm, once in blocks to store it and its norm."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    row_mask = (rows < n_rows)[:, None]
+    mask = row_mask & col_mask[None, :]
     rows = rows.to(tl.int64)[:, None]
+
+    if NORM:
+        t = tl.arange(0, THREADS)[None, :]
+        acc = tl.zeros((BLOCK_R, THREADS), dtype=tl.float32)
+        for k in tl.static_range(VECTORS):
+            for v in tl.static_range(4):
+                col = k * THREADS * 4 + t * 4 + v
+                in_row = row_mask & (col < n_cols)
+                old = tl.load(res_ptr + rows * stride_res + col, mask=in_row, other=0.0)
+                y = tl.load(y_ptr + rows * stride_y + col, mask=in_row, other=0.0).to(tl.float32)
+                new = old + y * tl.load(scale_ptr + col, mask=col < n_cols, other=0.0)
+                acc = tl.fma(new, new, acc)
+        inv = torch_inv_rms(torch_tree_sum(acc, BLOCK_R, THREADS, WARPS, LANE_STEPS, WARP_STEPS), n_cols, eps)
 
     res_ptrs = res_ptr + rows * stride_res + cols[None, :]
     residual = tl.load(res_ptrs, mask=mask, other=0.0)
@@ -48,7 +80,7 @@ def _scale_add_rms_norm_kernel(
     tl.store(res_ptrs, residual, mask=mask)
     if NORM:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
-        normed = residual * inv_rms(residual, n_cols, eps)[:, None] * w[None, :]
+        normed = residual * inv[:, None] * w[None, :]
         tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -71,8 +103,8 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
     problem = dtype_problem("y", y.dtype) or _common.row_vector_problem("scale", scale, n_cols)
     if problem:
         return problem
-    if n_cols > MAX_ROW_WIDTH:
-        return f"rows longer than {MAX_ROW_WIDTH} are not supported, got {n_cols}"
+    if n_cols > MAX_ROW_WIDTH or n_cols % 4:
+        return f"rows must be a multiple of 4 long and at most {MAX_ROW_WIDTH}, got {n_cols}"
     if as_rows(residual) is None or as_rows(y) is None:
         return "residual and y must have a contiguous last dim and leading dims that flatten into one row stride"
     tensors = [residual, y, scale]
@@ -96,12 +128,13 @@ def scale_add_rms_norm(
     *,
     launches=None,
 ) -> tuple[Tensor, Tensor | None]:
-    """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32, then its RMSNorm.
+    """`blocks.scale_add_rms_norm` in one launch, bit for bit on CUDA: `residual += y * scale` in float32, then
+    its RMSNorm (float32 math in torch's order).
 
     residual: (..., C) float32, last dim contiguous, leading dims flattening to one row stride; updated in
     place and returned. y: residual's shape, float32/float16/bfloat16, same layout rule (strides may differ).
-    scale, weight: (C,) float32 contiguous, C <= 8192. With weight None only the add runs and normed is None;
-    otherwise normed is a new contiguous (..., C) tensor of `out_dtype`. Raises ValueError outside this
+    scale, weight: (C,) float32 contiguous, C a multiple of 4, <= 8192. With weight None only the add runs and
+    normed is None; otherwise normed is a new contiguous (..., C) tensor of `out_dtype`. Raises ValueError outside this
     contract.
     """
     problem = unsupported(residual, y, scale, weight, eps, out_dtype)
@@ -127,6 +160,7 @@ def scale_add_rms_norm(
         float(eps) if norm else 0.0,
         NORM=norm,
         **meta,
+        **torch_row_order(n_cols),
         **NO_FMA,
     )
     count_launch(launches, "scale_add_rms_norm")
