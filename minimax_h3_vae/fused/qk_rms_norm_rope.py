@@ -106,12 +106,16 @@ def _qk_rms_norm_rope_kernel(
     q_row = qkv_ptr + batch.to(tl.int64) * stride_qkv_b + tokens * stride_qkv_s + head * 3 * HEAD_DIM
     k_row = q_row + HEAD_DIM
     out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
-    for row, out_ptr in ((q_row, q_ptr), (k_row, k_ptr)):
-        x = _norm_rope(
-            row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
-            THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
-        )  # fmt: skip
-        tl.store(out_ptr + out, x, mask=mask)
+    q = _norm_rope(
+        q_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
+        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
+    )  # fmt: skip
+    tl.store(q_ptr + out, q, mask=mask)
+    k = _norm_rope(
+        k_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
+        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
+    )  # fmt: skip
+    tl.store(k_ptr + out, k, mask=mask)
 
 
 def _head_dim(qkv: torch.Tensor, num_heads: int) -> int:
