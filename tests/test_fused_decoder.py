@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from minimax_h3_vae import H3VideoDecoder, Tiling, fused  # noqa: E402
 from minimax_h3_vae.blocks import EAGER_OPS  # noqa: E402
+from minimax_h3_vae.fused import registry  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,8 +52,11 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
     # 1 decoder call x (1 input norm, 2 layers x (2 residual adds, 1 qk-norm + rope, 1 gate), 1 proj_out).
     assert launches == {
         "rms_norm": 1,
+        "rms_norm_exact": 0,  # the exact kernels, for exact=True only
         "scale_add_rms_norm": 4,
+        "scale_add_rms_norm_exact": 0,
         "qk_rms_norm_rope": 2,
+        "qk_rms_norm_rope_exact": 0,
         "silu_mul": 2,
         "tf32x3_linear": 1,
         "linear_silu_mul": 0,  # quack's, for gemm="quack" only
@@ -127,8 +131,10 @@ def test_library_set_up_runs_each_kernel_while_loading(layouts, latents, dtype, 
         layouts["original"], device="cuda", dtype=dtype, fused=True, gemm="cublas", attention="sdpa"
     )
     after = decoder.launch_counts()
-    # quack's run for gemm="quack" only, flash-attn-4's for attention="fa4" only, the audio decoder's never here
-    quack = (*fused.QUACK_KERNELS, *fused.FA4_KERNELS, "anti_aliased_snake_beta")
+    # quack's run for gemm="quack" only, flash-attn-4's for attention="fa4" only, the exact variants for
+    # exact=True only, the audio decoder's never here
+    exact = tuple(k.module for k in registry.KERNELS if k.module and registry.candidates(k.op)[0] is not k)
+    quack = (*fused.QUACK_KERNELS, *fused.FA4_KERNELS, *exact, "anti_aliased_snake_beta")
     assert after == {name: int(name not in quack) for name in after}
     ops = decoder.ops()
     assert all(getattr(ops, name) is not getattr(EAGER_OPS, name) for name in fused.FUSED_OPS)
@@ -179,7 +185,7 @@ def test_a_kernel_outside_its_contract_is_named():
     from minimax_h3_vae import H3DecoderConfig
 
     config = H3DecoderConfig(num_layers=1, num_heads=2, head_dim=48, rope_dim_ratio=0.5)
-    with pytest.warns(UserWarning, match=r"qk_rms_norm_rope \(head_dim must be a power of two"):
+    with pytest.warns(UserWarning, match=r"qk_rms_norm_rope, qk_rms_norm_rope_exact \(head_dim must be a power of two"):
         ops = fused.select_ops(config, torch.device(DEVICE), torch.float16)
     assert ops.qk_rms_norm_rope is EAGER_OPS.qk_rms_norm_rope
     assert ops.rms_norm is not EAGER_OPS.rms_norm

@@ -24,15 +24,29 @@ def built_for_interpreter(kernel) -> bool:
     return not isinstance(kernel, triton.runtime.JITFunction)
 
 
+@triton.jit
+def inv_rms(x, n_cols, eps):
+    """x (rows, BLOCK) float32, zero past n_cols -> (rows,) float32 `rsqrt(mean(x^2) + eps)`, summed in the
+    order Triton's reduction takes (fast; within float32 rounding of torch's)."""
+    return tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+
+
 # torch's CUDA RMSNorm (its vectorised layer-norm kernel, as of torch 2.11) sums a row's squares in a fixed
 # order: 128 threads read the row in 4-wide vectors, thread t the vectors t, t + 128, ..., each square added
 # into its running sum by a fused multiply-add; the 32 lanes of each warp are then summed as a halving tree
 # (lane l takes lane l + 16, then l + 8, ...), and the warps' sums likewise (w takes w + 2, then w + 1).
-# `torch_row_order` and `torch_tree_sum` reproduce that order, so that a kernel's RMS is torch's to the bit
+# `torch_row_order` and `torch_sum_of_squares` reproduce that order, so that a kernel's RMS is torch's to the bit
 # (measured on an H200 over 10^7 random rows of 64 and of 2048; docs/kernels.md). Idle threads (rows of
 # fewer than 512 elements) hold zeros, which add exactly.
 TORCH_THREADS = 128
 TORCH_VECTOR = 4
+
+
+def torch_order_problem(n_cols: int) -> str | None:
+    """Why rows of `n_cols` cannot be summed in torch's order (its 4-wide vectors need a multiple of 4), or None."""
+    if n_cols % TORCH_VECTOR:
+        return f"torch's order reads rows in vectors of {TORCH_VECTOR}: rows must be a multiple of 4 long, got {n_cols}"
+    return None
 
 
 def torch_row_order(n_cols: int) -> dict[str, int]:

@@ -9,9 +9,18 @@ from torch import Tensor
 
 from ..blocks import qk_rms_norm_rope as qk_rms_norm_rope_reference
 from ._common import MAX_GRID_YZ, count_launch, device_problem, dtype_problem, grad_problem, is_number, zeros
-from ._triton_utils import NO_FMA, built_for_interpreter, to_dtype, torch_inv_rms, torch_row_order, torch_sum_of_squares
+from ._triton_utils import (
+    NO_FMA,
+    built_for_interpreter,
+    inv_rms,
+    to_dtype,
+    torch_inv_rms,
+    torch_order_problem,
+    torch_row_order,
+    torch_sum_of_squares,
+)
 
-__all__ = ["model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
+__all__ = ["launch", "model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
 
 MAX_HEAD_DIM = 256
 # Elements of one (tokens x head_dim) tile per program.
@@ -36,20 +45,24 @@ def _norm_rope(
     VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
+    TORCH_ORDER: tl.constexpr,
 ):
     """Normalise one (BLOCK_S, HEAD_DIM) tile of q or k and rotate its first dims; returns it in `dtype`.
     row_ptrs: (BLOCK_S, 1) pointers to each token's head.
 
-    Mirrors the eager op's roundings: the RMS in torch's order (`torch_row_order`), the norm rounded to
-    `dtype`, then each product and their sum rounded to `dtype` as torch's half-precision ops do. cos, sin:
-    already rounded to `dtype`, float32, sin negated on the first rotary half.
+    Mirrors the eager op's roundings: the RMS (in torch's order when TORCH_ORDER, `torch_row_order`; else in
+    Triton's), the norm rounded to `dtype`, then each product and their sum rounded to `dtype` as torch's
+    half-precision ops do. cos, sin: already rounded to `dtype`, float32, sin negated on the first rotary half.
     """
-    scale = torch_inv_rms(
-        torch_sum_of_squares(row_ptrs, HEAD_DIM, mask, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS),
-        HEAD_DIM,
-        eps,
-    )[:, None]
+    if TORCH_ORDER:
+        scale = torch_inv_rms(
+            torch_sum_of_squares(row_ptrs, HEAD_DIM, mask, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS),
+            HEAD_DIM,
+            eps,
+        )[:, None]
     x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    if not TORCH_ORDER:
+        scale = inv_rms(x, HEAD_DIM, eps)[:, None]
     # Each column's NeoX partner, loaded again rather than permuted in registers; it is in cache.
     x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     normed = to_dtype(x * scale, dtype).to(tl.float32)
@@ -81,6 +94,7 @@ def _qk_rms_norm_rope_kernel(
     VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
+    TORCH_ORDER: tl.constexpr,
 ):
     """qkv: (B, S, 3 * H * HEAD_DIM) any float dtype, per-head interleaved [q | k | v], unit column stride.
     cos, sin: (S, ROTARY_DIM) float32, any strides, shared by every batch entry. q, k: (B, S, H, HEAD_DIM)
@@ -108,12 +122,12 @@ def _qk_rms_norm_rope_kernel(
     out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
     q = _norm_rope(
         q_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
-        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
+        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
     )  # fmt: skip
     tl.store(q_ptr + out, q, mask=mask)
     k = _norm_rope(
         k_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
-        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS,
+        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
     )  # fmt: skip
     tl.store(k_ptr + out, k, mask=mask)
 
@@ -148,8 +162,8 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
     head_dim = _head_dim(qkv, num_heads)
     if width != 3 * num_heads * head_dim:
         return f"qkv's last dim {width} is not 3 * num_heads * head_dim with num_heads={num_heads}"
-    if head_dim & (head_dim - 1) or not 4 <= head_dim <= MAX_HEAD_DIM:
-        return f"head_dim must be a power of two in [4, {MAX_HEAD_DIM}], got {head_dim}"
+    if head_dim & (head_dim - 1) or not 0 < head_dim <= MAX_HEAD_DIM:
+        return f"head_dim must be a power of two <= {MAX_HEAD_DIM}, got {head_dim}"
     if batch > MAX_GRID_YZ:
         return f"batch must be <= {MAX_GRID_YZ}, got {batch}"
     if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != seq:
@@ -166,17 +180,35 @@ def unsupported(qkv, cos, sin, num_heads, eps) -> str | None:
 def qk_rms_norm_rope(
     qkv: Tensor, cos: Tensor, sin: Tensor, num_heads: int, eps: float, *, launches: dict[str, int] | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """`blocks.qk_rms_norm_rope` in one launch.
+    """`blocks.qk_rms_norm_rope` in one launch; the RMS in Triton's order (within float32 rounding of the eager
+    op; `qk_rms_norm_rope_exact` keeps its bits).
 
     qkv: (B, S, 3 * H * D) float32/float16/bfloat16, per-head interleaved [q | k | v], last dim contiguous,
     any batch and sequence strides (e.g. a slice of a wider buffer); D a power of two <= 256.
     cos, sin: (S, R) float32, R even and <= D, any strides, one table for the whole batch.
     Returns q, k: (B, H, S, D) views of new (B, S, H, D)-contiguous tensors of qkv's dtype, normalised and
     rotated (the layout in which attention writes its output (B, S, H * D)-contiguous, ready for to_out,
-    with no transpose copy); v: a strided
-    (B, H, S, D) view of qkv, as the reference returns. Raises ValueError outside this contract.
+    with no transpose copy); v: a strided (B, H, S, D) view of qkv, as the reference returns. Raises
+    ValueError outside this contract.
     """
-    problem = unsupported(qkv, cos, sin, num_heads, eps)
+    return launch(qkv, cos, sin, num_heads, eps, launches, "qk_rms_norm_rope", torch_order=False)
+
+
+def launch(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    num_heads: int,
+    eps: float,
+    launches: dict[str, int] | None,
+    name: str,
+    torch_order: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel of both launchers: checks `unsupported` (and, for torch's order, a head dim of at least 4),
+    launches once, counts it under `name`."""
+    problem = unsupported(qkv, cos, sin, num_heads, eps) or (
+        torch_order and torch_order_problem(_head_dim(qkv, num_heads))
+    )
     if problem:
         raise ValueError(f"qk_rms_norm_rope: {problem}")
     batch, seq, _ = qkv.shape
@@ -205,8 +237,9 @@ def qk_rms_norm_rope(
         ROTARY_DIM=cos.shape[-1],
         BLOCK_S=block_s,
         num_warps=4,
-        **torch_row_order(head_dim),
+        **torch_row_order(head_dim if torch_order else 4),
+        TORCH_ORDER=torch_order,
         **NO_FMA,
     )
-    count_launch(launches, "qk_rms_norm_rope")
+    count_launch(launches, name)
     return q, k, v

@@ -44,9 +44,12 @@ class Kernel:
 
 
 KERNELS = (
-    Kernel("rms_norm", "triton", "rms_norm", exact=True),
-    Kernel("scale_add_rms_norm", "triton", "scale_add_rms_norm", exact=True),
-    Kernel("qk_rms_norm_rope", "triton", "qk_rms_norm_rope", exact=True),
+    Kernel("rms_norm", "triton", "rms_norm"),
+    Kernel("rms_norm", "triton-exact", "rms_norm_exact", exact=True),
+    Kernel("scale_add_rms_norm", "triton", "scale_add_rms_norm"),
+    Kernel("scale_add_rms_norm", "triton-exact", "scale_add_rms_norm_exact", exact=True),
+    Kernel("qk_rms_norm_rope", "triton", "qk_rms_norm_rope"),
+    Kernel("qk_rms_norm_rope", "triton-exact", "qk_rms_norm_rope_exact", exact=True),
     Kernel("silu_mul", "triton", "silu_mul", exact=True),
     Kernel("linear_fp32", "fp16x3", "fp16x3_linear", option=("gemm", "quack")),
     Kernel("linear_fp32", "tf32x3", "tf32x3_linear"),

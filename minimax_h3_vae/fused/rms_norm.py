@@ -1,5 +1,5 @@
-"""RMSNorm over the last dim with an affine weight: one Triton launch, float32 math in torch's order, any output
-dtype."""
+"""RMSNorm over the last dim with an affine weight: one Triton launch, float32 math, any output dtype; the sum of
+squares in Triton's order, or in torch's (`launch(torch_order=True)`, the `rms_norm_exact` kernel)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype
 from ._triton_utils import (
     NO_FMA,
     built_for_interpreter,
+    inv_rms,
     row_launch,
     to_dtype,
     torch_inv_rms,
+    torch_order_problem,
     torch_row_order,
     torch_sum_of_squares,
 )
 
-__all__ = ["model_call", "rms_norm", "rms_norm_reference", "unsupported"]
+__all__ = ["launch", "model_call", "rms_norm", "rms_norm_reference", "unsupported"]
 
 
 @triton.jit
@@ -39,10 +41,12 @@ def _rms_norm_kernel(
     VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
+    TORCH_ORDER: tl.constexpr,
 ):
     """x: (n_rows, n_cols) any float dtype, row stride `stride_x`, unit column stride. w: (n_cols,) float32.
-    out: (n_rows, n_cols) contiguous. Each program normalises BLOCK_R rows; the sum of squares in torch's
-    order (`torch_row_order`), then `(x * rsqrt(mean + eps)) * w` as torch computes it."""
+    out: (n_rows, n_cols) contiguous. Each program normalises BLOCK_R rows: `(x * rsqrt(mean + eps)) * w`, the
+    sum of squares in torch's order when TORCH_ORDER (`torch_row_order`; n_cols a multiple of 4), else in
+    Triton's."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
@@ -50,12 +54,16 @@ def _rms_norm_kernel(
     mask = row_mask & col_mask[None, :]
     rows = rows.to(tl.int64)[:, None]
 
-    squares = torch_sum_of_squares(
-        x_ptr + rows * stride_x, n_cols, row_mask, BLOCK_R, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS
-    )
+    if TORCH_ORDER:
+        squares = torch_sum_of_squares(
+            x_ptr + rows * stride_x, n_cols, row_mask, BLOCK_R, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS
+        )
+        inv = torch_inv_rms(squares, n_cols, eps)
     x = tl.load(x_ptr + rows * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if not TORCH_ORDER:
+        inv = inv_rms(x, n_cols, eps)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
-    y = x * torch_inv_rms(squares, n_cols, eps)[:, None] * w[None, :]
+    y = x * inv[:, None] * w[None, :]
     tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(y, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -76,8 +84,8 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
     )
     if problem:
         return problem
-    if x.shape[-1] > MAX_ROW_WIDTH or x.shape[-1] % 4:
-        return f"rows must be a multiple of 4 long and at most {MAX_ROW_WIDTH}, got {x.shape[-1]}"
+    if x.shape[-1] > MAX_ROW_WIDTH:
+        return f"rows longer than {MAX_ROW_WIDTH} are not supported, got {x.shape[-1]}"
     if as_rows(x) is None:
         return "x must have a contiguous last dim and leading dims that flatten into one row stride"
     if not is_number(eps):
@@ -88,14 +96,28 @@ def unsupported(x, weight, eps, out_dtype) -> str | None:
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, *, launches: dict[str, int] | None = None
 ) -> torch.Tensor:
-    """`blocks.rms_norm` in one launch, bit for bit on CUDA: RMSNorm over the last dim, float32 math in torch's
-    order, returned in `out_dtype`.
+    """`blocks.rms_norm` in one launch: RMSNorm over the last dim, float32 math, returned in `out_dtype`; the
+    sum of squares in Triton's order (within float32 rounding of the eager op; `rms_norm_exact` keeps its bits).
 
     x: (..., C) float32/float16/bfloat16, last dim contiguous, leading dims flattening to one row stride
-    (e.g. rows of a wider buffer), C a multiple of 4, <= 8192. weight: (C,) float32 contiguous. Returns a new contiguous
+    (e.g. rows of a wider buffer), C <= 8192. weight: (C,) float32 contiguous. Returns a new contiguous
     (..., C) tensor of `out_dtype`. Raises ValueError outside this contract.
     """
-    problem = unsupported(x, weight, eps, out_dtype)
+    return launch(x, weight, eps, out_dtype, launches, "rms_norm", torch_order=False)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype,
+    launches: dict[str, int] | None,
+    name: str,
+    torch_order: bool,
+) -> torch.Tensor:
+    """The kernel of both RMSNorm launchers: checks `unsupported` (and, for torch's order, a row length that
+    is a multiple of 4), launches once, counts it under `name`."""
+    problem = unsupported(x, weight, eps, out_dtype) or (torch_order and torch_order_problem(x.shape[-1]))
     if problem:
         raise ValueError(f"rms_norm: {problem}")
     rows = as_rows(x)
@@ -104,8 +126,10 @@ def rms_norm(
     if n_rows == 0:
         return out
     grid, meta = row_launch(n_rows, n_cols)
+    order = torch_row_order(n_cols if torch_order else 4)
     _rms_norm_kernel[grid](
-        rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), **meta, **torch_row_order(n_cols), **NO_FMA
-    )
-    count_launch(launches, "rms_norm")
+        rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), **meta, **order, TORCH_ORDER=torch_order,
+        **NO_FMA,
+    )  # fmt: skip
+    count_launch(launches, name)
     return out

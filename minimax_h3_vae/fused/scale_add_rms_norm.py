@@ -1,5 +1,5 @@
-"""`residual += y * scale` in place, then RMSNorm of the new residual (float32 math in torch's order): one Triton
-launch."""
+"""`residual += y * scale` in place, then RMSNorm of the new residual: one Triton launch; the sum of squares in
+Triton's order, or in torch's (`launch(torch_order=True)`, the `scale_add_rms_norm_exact` kernel)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype
 from ._triton_utils import (
     NO_FMA,
     built_for_interpreter,
+    inv_rms,
     row_launch,
     to_dtype,
     torch_inv_rms,
+    torch_order_problem,
     torch_row_order,
     torch_tree_sum,
 )
 
-__all__ = ["model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
+__all__ = ["launch", "model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
 
 
 @triton.jit
@@ -44,14 +46,16 @@ def _scale_add_rms_norm_kernel(
     VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
+    TORCH_ORDER: tl.constexpr,
 ):
     """res: (n_rows, n_cols) float32, row stride `stride_res`, updated in place. y: (n_rows, n_cols) any float
     dtype, row stride `stride_y`. scale, w: (n_cols,) float32. out: (n_rows, n_cols) contiguous, written only
     when NORM (w and out are unused otherwise). Unit column strides throughout.
 
-    The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops). Its sum of
-    squares is taken in torch's order (`torch_row_order`) from the row as it will be stored, so the new row is
-    computed twice: once in torch's reading order for the norm, once in blocks to store it and its norm."""
+    The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops). With
+    TORCH_ORDER its sum of squares is taken in torch's order (`torch_row_order`; n_cols a multiple of 4) from
+    the row as it will be stored, so the new row is computed twice: once in torch's reading order for the
+    norm, once in blocks to store it and its norm; else in Triton's order, from the block."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
@@ -59,7 +63,7 @@ def _scale_add_rms_norm_kernel(
     mask = row_mask & col_mask[None, :]
     rows = rows.to(tl.int64)[:, None]
 
-    if NORM:
+    if NORM and TORCH_ORDER:
         t = tl.arange(0, THREADS)[None, :]
         acc = tl.zeros((BLOCK_R, THREADS), dtype=tl.float32)
         for k in tl.static_range(VECTORS):
@@ -79,6 +83,8 @@ def _scale_add_rms_norm_kernel(
     residual = residual + y * scale[None, :]
     tl.store(res_ptrs, residual, mask=mask)
     if NORM:
+        if not TORCH_ORDER:
+            inv = inv_rms(residual, n_cols, eps)
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
         normed = residual * inv[:, None] * w[None, :]
         tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
@@ -103,8 +109,8 @@ def unsupported(residual, y, scale, weight, eps, out_dtype) -> str | None:
     problem = dtype_problem("y", y.dtype) or _common.row_vector_problem("scale", scale, n_cols)
     if problem:
         return problem
-    if n_cols > MAX_ROW_WIDTH or n_cols % 4:
-        return f"rows must be a multiple of 4 long and at most {MAX_ROW_WIDTH}, got {n_cols}"
+    if n_cols > MAX_ROW_WIDTH:
+        return f"rows longer than {MAX_ROW_WIDTH} are not supported, got {n_cols}"
     if as_rows(residual) is None or as_rows(y) is None:
         return "residual and y must have a contiguous last dim and leading dims that flatten into one row stride"
     tensors = [residual, y, scale]
@@ -128,16 +134,35 @@ def scale_add_rms_norm(
     *,
     launches=None,
 ) -> tuple[Tensor, Tensor | None]:
-    """`blocks.scale_add_rms_norm` in one launch, bit for bit on CUDA: `residual += y * scale` in float32, then
-    its RMSNorm (float32 math in torch's order).
+    """`blocks.scale_add_rms_norm` in one launch: `residual += y * scale` in float32 (eager's bits), then its
+    RMSNorm, the sum of squares in Triton's order (within float32 rounding of the eager op;
+    `scale_add_rms_norm_exact` keeps its bits).
 
     residual: (..., C) float32, last dim contiguous, leading dims flattening to one row stride; updated in
     place and returned. y: residual's shape, float32/float16/bfloat16, same layout rule (strides may differ).
-    scale, weight: (C,) float32 contiguous, C a multiple of 4, <= 8192. With weight None only the add runs and
-    normed is None; otherwise normed is a new contiguous (..., C) tensor of `out_dtype`. Raises ValueError outside this
+    scale, weight: (C,) float32 contiguous, C <= 8192. With weight None only the add runs and normed is None;
+    otherwise normed is a new contiguous (..., C) tensor of `out_dtype`. Raises ValueError outside this
     contract.
     """
-    problem = unsupported(residual, y, scale, weight, eps, out_dtype)
+    return launch(residual, y, scale, weight, eps, out_dtype, launches, "scale_add_rms_norm", torch_order=False)
+
+
+def launch(
+    residual: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype,
+    launches: dict[str, int] | None,
+    name: str,
+    torch_order: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The kernel of both launchers: checks `unsupported` (and, for torch's order, a row length that is a
+    multiple of 4), launches once, counts it under `name`."""
+    problem = unsupported(residual, y, scale, weight, eps, out_dtype) or (
+        torch_order and torch_order_problem(residual.shape[-1])
+    )
     if problem:
         raise ValueError(f"scale_add_rms_norm: {problem}")
     res_rows, y_rows = as_rows(residual), as_rows(y)
@@ -160,8 +185,9 @@ def scale_add_rms_norm(
         float(eps) if norm else 0.0,
         NORM=norm,
         **meta,
-        **torch_row_order(n_cols),
+        **torch_row_order(n_cols if torch_order else 4),
+        TORCH_ORDER=torch_order,
         **NO_FMA,
     )
-    count_launch(launches, "scale_add_rms_norm")
+    count_launch(launches, name)
     return residual, normed
