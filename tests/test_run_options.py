@@ -308,3 +308,46 @@ def test_enable_tiling_with_strings_through_the_swapped_vae():
         vae.decode(small_latents())
     vae.enable_tiling(tile_sample_min_height=256, tile_sample_min_width=256)
     assert vae.decode(small_latents()).sample.shape == (1, 3, 5, 16, 464)
+
+
+# ---- exact ------------------------------------------------------------------------------------------------------
+
+
+def test_exact_is_checked_and_refuses_the_hopper_kernels():
+    """exact takes a bool; asking for quack or fa4 with it names why, at every door (the command: one line)."""
+    with pytest.raises(ValueError, match="exact must be True or False, got 1"):
+        DecodeOptions(exact=1)
+    for option in (dict(gemm="quack"), dict(attention="fa4")):
+        with pytest.raises(ValueError, match="is not bit for bit the release's, which exact=True asks for"):
+            check_machine(DecodeOptions(device="cpu", exact=True, **option))
+
+
+def test_exact_chooses_only_the_exact_kernels(tiny):
+    """exact=True (at load or per call) takes the registry's exact lines: the norms in torch's order, the gate,
+    and proj_out eager; without it the faster norms. The decoder's own setting stays for later calls."""
+    from minimax_h3_vae import fused
+
+    if not fused.interpreting() and not torch.cuda.is_available():
+        pytest.skip("the fused kernels need CUDA or TRITON_INTERPRET=1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    decoder = H3VideoDecoder.from_pretrained(TINY, device=device, dtype="fp16", fused=True, gemm="cublas")
+    kernels = decoder.runtime.kernels
+    assert (kernels.rms_norm, kernels.scale_add_rms_norm, kernels.qk_rms_norm_rope) == ("triton",) * 3
+    exact = decoder.configure(exact=True).runtime.kernels
+    assert (exact.rms_norm, exact.scale_add_rms_norm, exact.qk_rms_norm_rope) == ("triton-exact",) * 3
+    assert (exact.silu_mul, exact.linear_fp32) == ("triton", "eager")
+    assert decoder.configure(exact=False).runtime.kernels == kernels
+
+
+def test_the_command_refuses_exact_with_quack(tmp_path, capsys):
+    """--exact --gemm quack: one error line naming the flag, exit code 2, nothing written."""
+    latents = tmp_path / "in.safetensors"
+    save_file({"latents": torch.zeros(24, 3, 2, 2)}, str(latents))
+    out = tmp_path / "out.safetensors"
+    code = cli.main([str(latents), str(out), "--model", str(TINY), "--exact", "--gemm", "quack", "--no-audio"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not out.exists()
+    assert err == [
+        "error: --gemm 'quack' is not bit for bit the release's, which exact=True asks for; or choose the "
+        "'cublas' GEMMs"
+    ]
