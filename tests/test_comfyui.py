@@ -52,6 +52,11 @@ def test_node_contract():
     assert inputs["fused"][0] == ["auto", "on", "off"]
     assert inputs["gemm"][0] == ["auto", "cublas", "quack"] and inputs["gemm"][1]["default"] == "auto"
     assert inputs["attention"][0] == ["auto", "sdpa", "fa4"] and inputs["attention"][1]["default"] == "auto"
+    # exact is optional, so that a workflow saved without it still runs (with its default, False)
+    for name in ("MiniMaxH3DecoderLoader", "MiniMaxH3DecodeWithVAE", "MiniMaxH3UseForVAE"):
+        optional = NODE_CLASS_MAPPINGS[name].INPUT_TYPES()["optional"]
+        assert list(optional) == ["exact"] and optional["exact"][0] == "BOOLEAN"
+        assert optional["exact"][1]["default"] is False
     assert loader.RETURN_TYPES == ("MINIMAX_H3_DECODER",) and callable(getattr(loader(), loader.FUNCTION))
     assert decode.INPUT_TYPES() == {"required": {"decoder": ("MINIMAX_H3_DECODER",), "samples": ("LATENT",)}}
     assert decode.RETURN_TYPES == ("IMAGE",) and callable(getattr(decode(), decode.FUNCTION))
@@ -577,3 +582,17 @@ def test_loader_cache_sees_a_rewritten_file(tmp_path):
     comfyui.release_decoders()
     assert second.decoder is not first.decoder
     assert torch.equal(second.decoder.decoder.proj_out.bias, first.decoder.decoder.proj_out.bias + 1)
+
+
+def test_the_loader_passes_exact_to_the_decoder(layouts):
+    """exact=True from the loader's optional input reaches the decoder's run settings; a value that is no bool
+    is refused, naming the input."""
+    comfyui.release_decoders()
+    try:
+        loader = NODE_CLASS_MAPPINGS["MiniMaxH3DecoderLoader"]()
+        (node_decoder,) = loader.load(PATH_CHOICE, str(layouts["comfyui"]), "off", 3, exact=True)
+        assert node_decoder.decoder.runtime.exact
+        with pytest.raises(ValueError, match="exact must be True or False"):
+            loader.load(PATH_CHOICE, str(layouts["comfyui"]), "off", 3, exact="yes")
+    finally:
+        comfyui.release_decoders()

@@ -34,16 +34,38 @@ RUN_INPUTS = {
 }
 
 
+# An optional input (a workflow saved without it still runs): the release's bits on the fused path too.
+EXACT_INPUT = {
+    "exact": (
+        "BOOLEAN",
+        {
+            "default": False,
+            "tooltip": "the release's own bits on the fused path too (cuBLAS and SDPA, a little slower)",
+        },
+    )
+}
+
+
 def node_options(
-    fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto", device: torch.device | None = None
+    fused: str,
+    tile_batch: int,
+    gemm: str = "auto",
+    attention: str = "auto",
+    device: torch.device | None = None,
+    exact: bool = False,
 ) -> DecodeOptions:
-    """The run options of a node's widgets (RUN_INPUTS), checked, on `device`."""
+    """The run options of a node's widgets (RUN_INPUTS and EXACT_INPUT), checked, on `device`."""
     if not isinstance(fused, str) or fused not in FUSED_CHOICES:
         raise ValueError(f"fused must be one of {', '.join(map(repr, FUSED_CHOICES))}, got {fused!r}")
     if isinstance(tile_batch, bool) or not isinstance(tile_batch, int) or tile_batch < 0:
         raise ValueError(f"tile_batch must be a whole number of tiles >= 0 (0: as many as fit), got {tile_batch!r}")
     return DecodeOptions(
-        device=device, fused=FUSED_CHOICES[fused], tile_batch=tile_batch or None, gemm=gemm, attention=attention
+        device=device,
+        fused=FUSED_CHOICES[fused],
+        tile_batch=tile_batch or None,
+        gemm=gemm,
+        attention=attention,
+        exact=exact,
     )
 
 

@@ -16,7 +16,7 @@ from ..runtime import Runtime, resolve_call
 from ..tiling import plan_chunks
 from .frames import decode_into, decode_to_images
 from .host import comfy_vae_device, load_vae, make_room, optional, progress_bar, vae_device, warn_own_decode
-from .inputs import CATEGORY, DECODER_TYPE, PATH_CHOICE, RUN_INPUTS, latent_samples, node_options
+from .inputs import CATEGORY, DECODER_TYPE, EXACT_INPUT, PATH_CHOICE, RUN_INPUTS, latent_samples, node_options
 from .vae import decoder_for_vae, h3_state, structure
 
 
@@ -71,13 +71,21 @@ class H3DecoderLoader:
                     {"default": "", "tooltip": f"used when vae_name is {PATH_CHOICE}: a file or folder"},
                 ),
                 **RUN_INPUTS,
-            }
+            },
+            "optional": EXACT_INPUT,
         }
 
     def load(
-        self, vae_name: str, path: str, fused: str, tile_batch: int, gemm: str = "auto", attention: str = "auto"
+        self,
+        vae_name: str,
+        path: str,
+        fused: str,
+        tile_batch: int,
+        gemm: str = "auto",
+        attention: str = "auto",
+        exact: bool = False,
     ) -> tuple[NodeDecoder]:
-        options = node_options(fused, tile_batch, gemm, attention, comfy_vae_device())
+        options = node_options(fused, tile_batch, gemm, attention, comfy_vae_device(), exact)
         source = _source(vae_name, path)
         shared = options.replace(tile_batch=None)  # the tile batch is this node's, passed with each decode
         checkpoint = load_checkpoint(source)  # its headers only: which files it is read from
@@ -134,7 +142,8 @@ class H3DecodeWithVAE:
                 "vae": ("VAE",),
                 "samples": ("LATENT",),
                 **RUN_INPUTS,
-            }
+            },
+            "optional": EXACT_INPUT,
         }
 
     def decode(
@@ -145,11 +154,12 @@ class H3DecodeWithVAE:
         tile_batch: int = 0,
         gemm: str = "auto",
         attention: str = "auto",
+        exact: bool = False,
     ) -> tuple[torch.Tensor]:
         """As `H3Decode.decode`, with the decoder made from `vae.first_stage_model` for this decode
         (`decoder_for_vae`), after ComfyUI has loaded the VAE where it computes."""
         config = structure(h3_state(vae))
-        options = node_options(fused, tile_batch, gemm, attention, vae_device(vae))
+        options = node_options(fused, tile_batch, gemm, attention, vae_device(vae), exact)
         z = latent_samples(samples, config.latent_channels)
         load_vae(vae, config, z, options)
         model = decoder_for_vae(vae, options.replace(tile_batch=None))
@@ -171,10 +181,16 @@ class H3UseForVAE:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"vae": ("VAE",), **RUN_INPUTS}}
+        return {"required": {"vae": ("VAE",), **RUN_INPUTS}, "optional": EXACT_INPUT}
 
     def patch(
-        self, vae, fused: str = "auto", tile_batch: int = 0, gemm: str = "auto", attention: str = "auto"
+        self,
+        vae,
+        fused: str = "auto",
+        tile_batch: int = 0,
+        gemm: str = "auto",
+        attention: str = "auto",
+        exact: bool = False,
     ) -> tuple:
         """A shallow copy of `vae` whose `first_stage_model` is a shallow copy of the original (the same
         weights, buffers and submodules) with ComfyUI's decode contract served by our decoder:
@@ -184,7 +200,7 @@ class H3UseForVAE:
         own H3 VAE does). The VAE given is not changed."""
         # Checks now that it is H3's video VAE, of a known structure (its statistics are read at each decode).
         config = structure(h3_state(vae))
-        options = node_options(fused, tile_batch, gemm, attention, vae_device(vae))
+        options = node_options(fused, tile_batch, gemm, attention, vae_device(vae), exact)
         stage = copy.copy(vae.first_stage_model)  # its parameter, buffer and module tables are the original's
         own_decode = getattr(vae.first_stage_model, "decode", None)
 
