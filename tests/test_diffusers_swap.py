@@ -286,6 +286,7 @@ def test_precision_recipe_and_runtime_options():
     h3 = decoder_of(vae)
     assert h3.compute_dtype == torch.float32 and h3.tile_batch == 2 and h3.runtime.attention_backends == ("MATH",)
     assert decoder_of(swap_decoder(random_diffusers_vae(seed=0), dtype="fp16")).compute_dtype == torch.float16
+    assert decoder_of(swap_decoder(random_diffusers_vae(seed=0), exact=True)).runtime.exact
 
 
 @pytest.mark.parametrize("trainable", ["latents", "decoder"])
