@@ -7,8 +7,9 @@
 Each run makes one set of seeded random weights (common.randomize_ on the released architecture, or on a toy
 one with `--device cpu`: 2 blocks, width 128, a 352x224 unit of 6 tiles) and loads them through the public
 loading door (`H3VideoDecoder.from_checkpoint` on an in-memory checkpoint of the original layout) once per
-path: eager / fused, fp32 / fp16, cuBLAS / quack, SDPA / fa4, resident / offload="blocks"; plus a two-chunk
-clip through `decode_stream`. A path this machine cannot run (quack or fa4 off Hopper) is listed as skipped.
+path: eager / fused / fused with exact=True, fp32 / fp16, cuBLAS / quack, SDPA / fa4, resident /
+offload="blocks"; plus a two-chunk clip through `decode_stream`. The eager and exact paths of one dtype should
+hash alike (the release's bits). A path this machine cannot run (quack or fa4 off Hopper) is listed as skipped.
 It prints a SHA-256 of each output and saves the outputs; on CUDA also the fused paths' median CUDA-event
 time per unit with the SM clock and power (not with --no-time). On the CPU the fused kernels run under
 TRITON_INTERPRET=1 (set it before Python starts). --compare prints, per path, whether the two runs are bitwise equal.
@@ -31,20 +32,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 UNIT_SHAPE = (1, 24, 7, 48, 84)
 TWO_CHUNKS = (1, 24, 12, 48, 84)
 CPU_SHAPES = ((1, 24, 7, 14, 22), (1, 24, 12, 14, 22))
-# (name, dtype, fused, gemm, attention, offload); the stream variant decodes the two-chunk clip.
+# (name, dtype, fused, gemm, attention, offload, exact); the stream variants decode the two-chunk clip. A tree
+# whose package has no `exact` option lists the exact paths as skipped.
 PATHS = (
-    ("fp32 eager", "fp32", False, "cublas", "sdpa", "none"),
-    ("fp32 eager blocks", "fp32", False, "cublas", "sdpa", "blocks"),
-    ("fp32 fused", "fp32", True, "cublas", "sdpa", "none"),
-    ("fp16 eager", "fp16", False, "cublas", "sdpa", "none"),
-    ("fp16 eager blocks", "fp16", False, "cublas", "sdpa", "blocks"),
-    ("fp16 eager stream 2 chunks", "fp16", False, "cublas", "sdpa", "none"),
-    ("fp16 fused cublas sdpa", "fp16", True, "cublas", "sdpa", "none"),
-    ("fp16 fused cublas sdpa blocks", "fp16", True, "cublas", "sdpa", "blocks"),
-    ("fp16 fused quack sdpa", "fp16", True, "quack", "sdpa", "none"),
-    ("fp16 fused cublas fa4", "fp16", True, "cublas", "fa4", "none"),
-    ("fp16 fused quack fa4", "fp16", True, "quack", "fa4", "none"),
-    ("fp16 fused quack fa4 blocks", "fp16", True, "quack", "fa4", "blocks"),
+    ("fp32 eager", "fp32", False, "cublas", "sdpa", "none", False),
+    ("fp32 eager blocks", "fp32", False, "cublas", "sdpa", "blocks", False),
+    ("fp32 fused", "fp32", True, "cublas", "sdpa", "none", False),
+    ("fp32 fused exact", "fp32", True, "cublas", "sdpa", "none", True),
+    ("fp16 eager", "fp16", False, "cublas", "sdpa", "none", False),
+    ("fp16 eager blocks", "fp16", False, "cublas", "sdpa", "blocks", False),
+    ("fp16 eager stream 2 chunks", "fp16", False, "cublas", "sdpa", "none", False),
+    ("fp16 fused cublas sdpa", "fp16", True, "cublas", "sdpa", "none", False),
+    ("fp16 fused cublas sdpa blocks", "fp16", True, "cublas", "sdpa", "blocks", False),
+    ("fp16 fused exact", "fp16", True, "cublas", "sdpa", "none", True),
+    ("fp16 fused exact blocks", "fp16", True, "cublas", "sdpa", "blocks", True),
+    ("fp16 fused exact stream 2 chunks", "fp16", True, "cublas", "sdpa", "none", True),
+    ("fp16 fused quack sdpa", "fp16", True, "quack", "sdpa", "none", False),
+    ("fp16 fused cublas fa4", "fp16", True, "cublas", "fa4", "none", False),
+    ("fp16 fused quack fa4", "fp16", True, "quack", "fa4", "none", False),
+    ("fp16 fused quack fa4 blocks", "fp16", True, "quack", "fa4", "blocks", False),
 )
 
 
@@ -90,8 +96,10 @@ def run(tag: str, folder: Path, device: torch.device, timed: bool = True) -> Non
     config, state = released_weights(device)
     in_memory = checkpoint_in_memory()
     outputs, report, times = {}, {}, {}
-    for name, dtype, fused, gemm, attention, offload in PATHS:
+    for name, dtype, fused, gemm, attention, offload, exact in PATHS:
         options = dict(device=str(device), dtype=dtype, fused=fused, gemm=gemm, attention=attention, offload=offload)
+        if exact:
+            options["exact"] = True
         try:
             copy = {name: tensor.clone() for name, tensor in state.items()}
             model = H3VideoDecoder.from_checkpoint(in_memory(copy, config, "original"), **options)
