@@ -51,35 +51,25 @@ def torch_order_problem(n_cols: int) -> str | None:
 
 def torch_row_order(n_cols: int) -> dict[str, int]:
     """The constexprs of a row of `n_cols` (a multiple of TORCH_VECTOR) read in torch's order: THREADS (those
-    that hold data, a power of two), WARPS, VECTORS per thread (a power of two; thread t's k-th vector holds the
-    elements `k * THREADS * 4 + t * 4 + v`, v < 4, zeros past the row's end, which add exactly), and the halvings
-    of the trees: LANE_STEPS = log2(THREADS / WARPS), WARP_STEPS = log2(WARPS). VECTORS * THREADS * 4 is the
-    row's power-of-two block width (`row_launch`'s BLOCK_C)."""
+    that hold data, a power of two), WARPS, VECTORS per thread (each thread's element `k * THREADS * 4 + t * 4 +
+    v` for k < VECTORS, v < 4), and the halvings of the trees: LANE_STEPS = log2(THREADS / WARPS), WARP_STEPS =
+    log2(WARPS)."""
     threads = min(TORCH_THREADS, triton.next_power_of_2(triton.cdiv(n_cols, TORCH_VECTOR)))
     warps = max(1, threads // 32)
     return {
         "THREADS": threads,
         "WARPS": warps,
-        "VECTORS": triton.next_power_of_2(triton.cdiv(n_cols, threads * TORCH_VECTOR)),
+        "VECTORS": triton.cdiv(n_cols, TORCH_THREADS * TORCH_VECTOR) if threads == TORCH_THREADS else 1,
         "LANE_STEPS": (threads // warps).bit_length() - 1,
         "WARP_STEPS": warps.bit_length() - 1,
     }
 
 
 @triton.jit
-def torch_order_columns(THREADS: tl.constexpr, VECTORS: tl.constexpr):
-    """(1, VECTORS, THREADS, 4): the column of each element of a row held in torch's reading order (thread t's
-    k-th vector at [0, k, t, :]). Row blocks indexed by it hold the same elements as a plain (rows, BLOCK_C)
-    block, arranged so that each thread's running sum can be taken from registers."""
-    k = tl.arange(0, VECTORS)[None, :, None, None]
-    t = tl.arange(0, THREADS)[None, None, :, None]
-    v = tl.arange(0, 4)[None, None, None, :]
-    return k * (THREADS * 4) + t * 4 + v
-
-
-@triton.jit
 def torch_sum_of_squares(
-    x,
+    ptrs,
+    cols_left,
+    mask,
     ROWS: tl.constexpr,
     THREADS: tl.constexpr,
     WARPS: tl.constexpr,
@@ -87,24 +77,15 @@ def torch_sum_of_squares(
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
 ):
-    """x (ROWS, VECTORS, THREADS, 4) float32, rows indexed by `torch_order_columns` (zeros past their end) ->
-    (ROWS,) float32 sums of squares in torch's order: each thread's squares added into its running sum by fused
-    multiply-adds, vector by vector, element by element, then `torch_tree_sum`."""
+    """(ROWS,) float32 sums of squares of rows read in torch's order (`torch_row_order`'s constexprs). ptrs:
+    (ROWS, 1) pointers to each row's first element; cols_left: the row length; mask: (ROWS, 1) rows to read."""
+    t = tl.arange(0, THREADS)[None, :]
     acc = tl.zeros((ROWS, THREADS), dtype=tl.float32)
     for k in tl.static_range(VECTORS):
-        if VECTORS == 1:
-            vectors = tl.reshape(x, (ROWS, THREADS, 4))
-        else:
-            # The k-th vectors, taken out by a sum whose other terms are zeros: exact.
-            which = tl.arange(0, VECTORS)[None, :, None, None]
-            vectors = tl.sum(tl.where(which == k, x, 0.0), axis=1)
-        even, odd = tl.split(tl.reshape(vectors, (ROWS, THREADS, 2, 2)))  # elements (0, 2) and (1, 3)
-        x0, x2 = tl.split(even)
-        x1, x3 = tl.split(odd)
-        acc = tl.fma(x0, x0, acc)
-        acc = tl.fma(x1, x1, acc)
-        acc = tl.fma(x2, x2, acc)
-        acc = tl.fma(x3, x3, acc)
+        for v in tl.static_range(4):
+            col = k * THREADS * 4 + t * 4 + v
+            x = tl.load(ptrs + col, mask=mask & (col < cols_left), other=0.0).to(tl.float32)
+            acc = tl.fma(x, x, acc)
     return torch_tree_sum(acc, ROWS, THREADS, WARPS, LANE_STEPS, WARP_STEPS)
 
 
@@ -126,56 +107,6 @@ def torch_tree_sum(
     for step in tl.static_range(WARP_STEPS):
         acc = tl.sum(tl.reshape(acc, (ROWS, 2, WARPS >> (step + 1))), axis=1)
     return tl.reshape(acc, (ROWS,))
-
-
-@triton.jit
-def row_block(
-    first_row,
-    n_rows,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    THREADS: tl.constexpr,
-    VECTORS: tl.constexpr,
-    TORCH_ORDER: tl.constexpr,
-):
-    """(rows, cols, row_mask) of BLOCK_R whole rows from `first_row`: rows (int64) and row_mask broadcast
-    against cols, which is (1, BLOCK_C), or `torch_order_columns` when TORCH_ORDER (the same elements, laid out
-    for `torch_sum_of_squares`). Element-wise code reads, computes and writes either block alike."""
-    rows = first_row + tl.arange(0, BLOCK_R)
-    row_mask = rows < n_rows
-    rows = rows.to(tl.int64)
-    if TORCH_ORDER:
-        cols = torch_order_columns(THREADS, VECTORS)
-        rows = rows[:, None, None, None]
-        row_mask = row_mask[:, None, None, None]
-    else:
-        cols = tl.arange(0, BLOCK_C)[None, :]
-        rows = rows[:, None]
-        row_mask = row_mask[:, None]
-    return rows, cols, row_mask
-
-
-@triton.jit
-def row_inv_rms(
-    x,
-    n_cols,
-    eps,
-    ROWS: tl.constexpr,
-    THREADS: tl.constexpr,
-    WARPS: tl.constexpr,
-    VECTORS: tl.constexpr,
-    LANE_STEPS: tl.constexpr,
-    WARP_STEPS: tl.constexpr,
-    TORCH_ORDER: tl.constexpr,
-):
-    """x float32, a `row_block` of rows (zeros past their end) -> each row's `rsqrt(mean(x^2) + eps)`, shaped to
-    broadcast against x: summed in torch's order when TORCH_ORDER, else in Triton's."""
-    if TORCH_ORDER:
-        squares = torch_sum_of_squares(x, ROWS, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS)
-        inv = torch_inv_rms(squares, n_cols, eps)[:, None, None, None]
-    else:
-        inv = inv_rms(x, n_cols, eps)[:, None]
-    return inv
 
 
 @triton.jit

@@ -15,7 +15,6 @@ from ._triton_utils import (
     inv_rms,
     to_dtype,
     torch_inv_rms,
-    torch_order_columns,
     torch_order_problem,
     torch_row_order,
     torch_sum_of_squares,
@@ -55,14 +54,14 @@ def _norm_rope(
     Triton's), the norm rounded to `dtype`, then each product and their sum rounded to `dtype` as torch's
     half-precision ops do. cos, sin: already rounded to `dtype`, float32, sin negated on the first rotary half.
     """
-    x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0).to(tl.float32)
     if TORCH_ORDER:
-        # The head again, laid out for torch's order (from cache), rather than rearranged in registers.
-        by_thread = row_ptrs[:, :, None, None] + torch_order_columns(THREADS, VECTORS)
-        x_by_thread = tl.load(by_thread, mask=mask[:, :, None, None], other=0.0).to(tl.float32)
-        squares = torch_sum_of_squares(x_by_thread, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS)
-        scale = torch_inv_rms(squares, HEAD_DIM, eps)[:, None]
-    else:
+        scale = torch_inv_rms(
+            torch_sum_of_squares(row_ptrs, HEAD_DIM, mask, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS),
+            HEAD_DIM,
+            eps,
+        )[:, None]
+    x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    if not TORCH_ORDER:
         scale = inv_rms(x, HEAD_DIM, eps)[:, None]
     # Each column's NeoX partner, loaded again rather than permuted in registers; it is in cache.
     x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -13,12 +13,13 @@ from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype
 from ._triton_utils import (
     NO_FMA,
     built_for_interpreter,
-    row_block,
-    row_inv_rms,
+    inv_rms,
     row_launch,
     to_dtype,
+    torch_inv_rms,
     torch_order_problem,
     torch_row_order,
+    torch_sum_of_squares,
 )
 
 __all__ = ["launch", "model_call", "rms_norm", "rms_norm_reference", "unsupported"]
@@ -45,17 +46,25 @@ def _rms_norm_kernel(
     """x: (n_rows, n_cols) any float dtype, row stride `stride_x`, unit column stride. w: (n_cols,) float32.
     out: (n_rows, n_cols) contiguous. Each program normalises BLOCK_R rows: `(x * rsqrt(mean + eps)) * w`, the
     sum of squares in torch's order when TORCH_ORDER (`torch_row_order`; n_cols a multiple of 4), else in
-    Triton's; each row is read once."""
-    rows, cols, row_mask = row_block(
-        tl.program_id(0) * BLOCK_R, n_rows, BLOCK_R, BLOCK_C, THREADS, VECTORS, TORCH_ORDER
-    )
+    Triton's."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
-    mask = row_mask & col_mask
-    x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    inv = row_inv_rms(x, n_cols, eps, BLOCK_R, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER)
+    row_mask = (rows < n_rows)[:, None]
+    mask = row_mask & col_mask[None, :]
+    rows = rows.to(tl.int64)[:, None]
+
+    if TORCH_ORDER:
+        squares = torch_sum_of_squares(
+            x_ptr + rows * stride_x, n_cols, row_mask, BLOCK_R, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS
+        )
+        inv = torch_inv_rms(squares, n_cols, eps)
+    x = tl.load(x_ptr + rows * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if not TORCH_ORDER:
+        inv = inv_rms(x, n_cols, eps)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
-    y = x * inv * w
-    tl.store(out_ptr + rows * n_cols + cols, to_dtype(y, out_ptr.dtype.element_ty), mask=mask)
+    y = x * inv[:, None] * w[None, :]
+    tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(y, out_ptr.dtype.element_ty), mask=mask)
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:

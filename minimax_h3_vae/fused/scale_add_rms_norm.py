@@ -14,12 +14,13 @@ from ._common import MAX_ROW_WIDTH, as_rows, count_launch, device_problem, dtype
 from ._triton_utils import (
     NO_FMA,
     built_for_interpreter,
-    row_block,
-    row_inv_rms,
+    inv_rms,
     row_launch,
     to_dtype,
+    torch_inv_rms,
     torch_order_problem,
     torch_row_order,
+    torch_tree_sum,
 )
 
 __all__ = ["launch", "model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
@@ -51,24 +52,42 @@ def _scale_add_rms_norm_kernel(
     dtype, row stride `stride_y`. scale, w: (n_cols,) float32. out: (n_rows, n_cols) contiguous, written only
     when NORM (w and out are unused otherwise). Unit column strides throughout.
 
-    The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops); its sum of
-    squares in torch's order when TORCH_ORDER (`torch_row_order`; n_cols a multiple of 4), else in Triton's.
-    Each row is read once."""
-    rows, cols, row_mask = row_block(
-        tl.program_id(0) * BLOCK_R, n_rows, BLOCK_R, BLOCK_C, THREADS, VECTORS, TORCH_ORDER
-    )
+    The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops). With
+    TORCH_ORDER its sum of squares is taken in torch's order (`torch_row_order`; n_cols a multiple of 4) from
+    the row as it will be stored, so the new row is computed twice: once in torch's reading order for the
+    norm, once in blocks to store it and its norm; else in Triton's order, from the block."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
-    mask = row_mask & col_mask
-    res_ptrs = res_ptr + rows * stride_res + cols
+    row_mask = (rows < n_rows)[:, None]
+    mask = row_mask & col_mask[None, :]
+    rows = rows.to(tl.int64)[:, None]
+
+    if NORM and TORCH_ORDER:
+        t = tl.arange(0, THREADS)[None, :]
+        acc = tl.zeros((BLOCK_R, THREADS), dtype=tl.float32)
+        for k in tl.static_range(VECTORS):
+            for v in tl.static_range(4):
+                col = k * THREADS * 4 + t * 4 + v
+                in_row = row_mask & (col < n_cols)
+                old = tl.load(res_ptr + rows * stride_res + col, mask=in_row, other=0.0)
+                y = tl.load(y_ptr + rows * stride_y + col, mask=in_row, other=0.0).to(tl.float32)
+                new = old + y * tl.load(scale_ptr + col, mask=col < n_cols, other=0.0)
+                acc = tl.fma(new, new, acc)
+        inv = torch_inv_rms(torch_tree_sum(acc, BLOCK_R, THREADS, WARPS, LANE_STEPS, WARP_STEPS), n_cols, eps)
+
+    res_ptrs = res_ptr + rows * stride_res + cols[None, :]
     residual = tl.load(res_ptrs, mask=mask, other=0.0)
-    y = tl.load(y_ptr + rows * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
-    residual = residual + y * tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+    y = tl.load(y_ptr + rows * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+    residual = residual + y * scale[None, :]
     tl.store(res_ptrs, residual, mask=mask)
     if NORM:
-        inv = row_inv_rms(residual, n_cols, eps, BLOCK_R, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER)
+        if not TORCH_ORDER:
+            inv = inv_rms(residual, n_cols, eps)
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
-        normed = residual * inv * w
-        tl.store(out_ptr + rows * n_cols + cols, to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
+        normed = residual * inv[:, None] * w[None, :]
+        tl.store(out_ptr + rows * n_cols + cols[None, :], to_dtype(normed, out_ptr.dtype.element_ty), mask=mask)
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
