@@ -66,6 +66,26 @@ def torch_row_order(n_cols: int) -> dict[str, int]:
 
 
 @triton.jit
+def torch_vector_columns(THREADS: tl.constexpr):
+    """(1, THREADS, 4): the columns of each thread's first vector in torch's order (thread t's at [0, t, :]); its
+    k-th vectors are these plus `k * THREADS * 4`."""
+    return tl.arange(0, THREADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
+def torch_add_squares(vectors, acc, ROWS: tl.constexpr, THREADS: tl.constexpr):
+    """acc (ROWS, THREADS) float32, each thread's running sum in torch's order, with the squares of its next
+    vector `vectors` (ROWS, THREADS, 4) float32 added element by element by fused multiply-adds."""
+    even, odd = tl.split(tl.reshape(vectors, (ROWS, THREADS, 2, 2)))  # elements (0, 2) and (1, 3)
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    acc = tl.fma(x0, x0, acc)
+    acc = tl.fma(x1, x1, acc)
+    acc = tl.fma(x2, x2, acc)
+    return tl.fma(x3, x3, acc)
+
+
+@triton.jit
 def torch_sum_of_squares(
     ptrs,
     cols_left,
@@ -77,15 +97,14 @@ def torch_sum_of_squares(
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
 ):
-    """(ROWS,) float32 sums of squares of rows read in torch's order (`torch_row_order`'s constexprs). ptrs:
-    (ROWS, 1) pointers to each row's first element; cols_left: the row length; mask: (ROWS, 1) rows to read."""
-    t = tl.arange(0, THREADS)[None, :]
+    """(ROWS,) float32 sums of squares of rows read in torch's order (`torch_row_order`'s constexprs), a whole
+    vector per load. ptrs: (ROWS, 1) pointers to each row's first element; cols_left: the row length; mask:
+    (ROWS, 1) rows to read."""
     acc = tl.zeros((ROWS, THREADS), dtype=tl.float32)
     for k in tl.static_range(VECTORS):
-        for v in tl.static_range(4):
-            col = k * THREADS * 4 + t * 4 + v
-            x = tl.load(ptrs + col, mask=mask & (col < cols_left), other=0.0).to(tl.float32)
-            acc = tl.fma(x, x, acc)
+        col = k * THREADS * 4 + torch_vector_columns(THREADS)
+        x = tl.load(ptrs[:, :, None] + col, mask=mask[:, :, None] & (col < cols_left), other=0.0)
+        acc = torch_add_squares(x.to(tl.float32), acc, ROWS, THREADS)
     return torch_tree_sum(acc, ROWS, THREADS, WARPS, LANE_STEPS, WARP_STEPS)
 
 

@@ -17,10 +17,12 @@ from ._triton_utils import (
     inv_rms,
     row_launch,
     to_dtype,
+    torch_add_squares,
     torch_inv_rms,
     torch_order_problem,
     torch_row_order,
     torch_tree_sum,
+    torch_vector_columns,
 )
 
 __all__ = ["launch", "model_call", "scale_add_rms_norm", "scale_add_rms_norm_reference", "unsupported"]
@@ -64,16 +66,15 @@ def _scale_add_rms_norm_kernel(
     rows = rows.to(tl.int64)[:, None]
 
     if NORM and TORCH_ORDER:
-        t = tl.arange(0, THREADS)[None, :]
         acc = tl.zeros((BLOCK_R, THREADS), dtype=tl.float32)
         for k in tl.static_range(VECTORS):
-            for v in tl.static_range(4):
-                col = k * THREADS * 4 + t * 4 + v
-                in_row = row_mask & (col < n_cols)
-                old = tl.load(res_ptr + rows * stride_res + col, mask=in_row, other=0.0)
-                y = tl.load(y_ptr + rows * stride_y + col, mask=in_row, other=0.0).to(tl.float32)
-                new = old + y * tl.load(scale_ptr + col, mask=col < n_cols, other=0.0)
-                acc = tl.fma(new, new, acc)
+            col = k * THREADS * 4 + torch_vector_columns(THREADS)
+            in_row = col < n_cols
+            vector_mask = row_mask[:, :, None] & in_row
+            old = tl.load(res_ptr + rows[:, :, None] * stride_res + col, mask=vector_mask, other=0.0)
+            y = tl.load(y_ptr + rows[:, :, None] * stride_y + col, mask=vector_mask, other=0.0).to(tl.float32)
+            new = old + y * tl.load(scale_ptr + col, mask=in_row, other=0.0)
+            acc = torch_add_squares(new, acc, BLOCK_R, THREADS)
         inv = torch_inv_rms(torch_tree_sum(acc, BLOCK_R, THREADS, WARPS, LANE_STEPS, WARP_STEPS), n_cols, eps)
 
     res_ptrs = res_ptr + rows * stride_res + cols[None, :]
