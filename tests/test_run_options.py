@@ -330,7 +330,8 @@ def test_exact_chooses_only_the_exact_kernels(tiny):
     if not fused.interpreting() and not torch.cuda.is_available():
         pytest.skip("the fused kernels need CUDA or TRITON_INTERPRET=1")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    decoder = H3VideoDecoder.from_pretrained(TINY, device=device, dtype="fp16", fused=True, gemm="cublas")
+    options = dict(device=device, dtype="fp16", fused=True, gemm="cublas", attention="sdpa")
+    decoder = H3VideoDecoder.from_pretrained(TINY, **options)
     kernels = decoder.runtime.kernels
     assert (kernels.rms_norm, kernels.scale_add_rms_norm, kernels.qk_rms_norm_rope) == ("triton",) * 3
     exact = decoder.configure(exact=True).runtime.kernels
