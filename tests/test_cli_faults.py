@@ -731,6 +731,29 @@ def test_crf_and_preset_reach_the_encoder(capsys, tmp_path):
     assert sizes["crf40"] < sizes["default"] and sizes["fast"] != sizes["default"]
 
 
+def x264_settings(mp4: Path) -> dict[str, str]:
+    """The settings x264 writes into its stream (its `options:` text), as name -> value."""
+    data = mp4.read_bytes()
+    start = data.index(b"options: ") + len(b"options: ")
+    text = data[start : data.index(b"\0", start)].decode()
+    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+
+def test_the_default_preset_reaches_x264(capsys, tmp_path):
+    """No --preset: x264 runs its "faster" preset (4 subpel refinements, 2 references, a 20-frame lookahead),
+    not ffmpeg's "medium" (7, 3, 40), which --preset medium still gives."""
+    z = latents_file(tmp_path / "z.safetensors", torch.randn(24, 3, 4, 4, generator=torch.Generator().manual_seed(7)))
+    settings = {}
+    for name, flags in {"default": [], "medium": ["--preset", "medium"]}.items():
+        out = tmp_path / f"{name}.mp4"
+        code, err = run_cli(capsys, z, out, *flags)
+        assert code == 0, err
+        settings[name] = x264_settings(out)
+    faster, medium = settings["default"], settings["medium"]
+    assert (faster["subme"], faster["ref"], faster["rc_lookahead"]) == ("4", "2", "20")
+    assert (medium["subme"], medium["ref"], medium["rc_lookahead"]) == ("7", "3", "40")
+
+
 # ---- a CPU limit, a disk filled mid-write, strict numbers, long paths, odd names -----------------------------------
 
 

@@ -212,7 +212,7 @@ def test_ffmpeg_converts_nothing():
     """The encoder gets the planes as they are piped: ffmpeg inserts no scaler (no swscale pass) for the
     yuv420p mp4, nor for lossless RGB. The check sees one where ffmpeg must convert (rgb24 in, yuv420p out)."""
     for crf in (17, 0):
-        assert scalers(encoder.encoder_command(64, 32, 24.0, crf, None), 64, 32) == []
+        assert scalers(encoder.encoder_command(64, 32, 24.0, crf, formats.DEFAULT_PRESET), 64, 32) == []
     ff = encoder.ffmpeg_exe()
     converting = [ff, "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", "64x32", "-i", "-", "-c:v", "libx264"]
     assert scalers([*converting, "-pix_fmt", "yuv420p", "-v", "error"], 64, 32)

@@ -111,7 +111,7 @@ def check_free_space(output: Path, needed: int) -> None:
 
 
 def check_encoder(
-    output: Path, width: int, height: int, fps: float, crf: int, preset: str | None, sound: SoundFormat | None = None
+    output: Path, width: int, height: int, fps: float, crf: int, preset: str, sound: SoundFormat | None = None
 ) -> None:
     """For mp4 and .flac output, ValueError with ffmpeg's own reason when the encoder refuses these settings (a
     frame size libx264 does not take, a sample rate the audio encoder does not): one black frame and one AAC

@@ -54,7 +54,7 @@ def encoder_command(
     height: int,
     fps: float,
     crf: int,
-    preset: str | None,
+    preset: str,
     sound: Soundtrack | None = None,
     files: tuple = (),
 ) -> list[str]:
@@ -73,7 +73,7 @@ def encoder_command(
         command += [*SOUND_INPUT, "-ar", rate, "-ac", channels, "-i", f"pipe:{files[0].fileno()}"]
         command += ["-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", "-b:a", AAC_BITRATE]
     command += ["-vcodec", codec, "-pix_fmt", pix_fmt, *tags, "-v", "error", "-crf", str(crf)]
-    return command + (["-preset", preset] if preset else [])
+    return command + ["-preset", preset]
 
 
 def sound_file(sound: Soundtrack, folder: Path):

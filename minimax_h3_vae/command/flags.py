@@ -141,7 +141,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_CRF,
         help="mp4 quality, 0-51, lower is better (default 17); 0 is lossless RGB (exact frames, few players)",
     )
-    parser.add_argument("--preset", choices=formats.X264_PRESETS, help="mp4 encoder speed (default: ffmpeg's, medium)")
+    parser.add_argument(
+        "--preset",
+        choices=formats.X264_PRESETS,
+        default=formats.DEFAULT_PRESET,
+        help=f"mp4 encoder speed against file size (default: {formats.DEFAULT_PRESET}; medium is ffmpeg's)",
+    )
     parser.add_argument("--raw-latents", action="store_true", help="latents are already denormalised")
     parser.add_argument("--eager", action="store_true", help="do not use the fused Triton kernels")
     parser.add_argument(
@@ -230,7 +235,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     low, high = formats.CRF_RANGE
     if not low <= args.crf <= high:
         raise InputError(f"--crf must be a whole number from {low} (lossless) to {high} (worst), got {args.crf}")
-    if args.output.suffix.lower() != ".mp4" and (args.crf != DEFAULT_CRF or args.preset):
+    if args.output.suffix.lower() != ".mp4" and (args.crf != DEFAULT_CRF or args.preset != formats.DEFAULT_PRESET):
         raise InputError("--crf and --preset set the mp4 encoder; the output is not an .mp4")
     if args.no_audio and args.audio_model is not None:
         raise InputError("--audio-model names the audio VAE and --no-audio leaves the sound out; give one of them")
