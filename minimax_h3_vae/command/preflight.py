@@ -45,7 +45,7 @@ def checkpoint_files(model: str, checkpoint) -> list[Path]:
 
 def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases: Phases | None = None) -> Prepared:
     """Every check, cheapest first, then the decoders, the sound decoded (on rank 0), and (on rank 0) the open
-    output. `phases` (the run's, begun at its start) gets the laps start-up, checks, read and sound.
+    output. `phases` (the run's, begun at its start) gets the laps start-up, checks, kernels, read and sound.
 
     Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
     IN's header. From the checkpoints' headers alone: OUT is none of their files, the latent channels, the
@@ -121,7 +121,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     sound_format = audio[1] if audio is not None else None
     try:
         output_rank = 0 if ranks > 1 else None  # as `decode` asks for it
+        phases.lap("checks")
         runtime = resolve(options.replace(output_rank=output_rank), config, checkpoint.tiling)
+        phases.lap("kernels")  # chosen: asking for quack's GEMMs or flash-attn-4 imports quack, seconds of it
         needs = decode_plan(config, (1, *source.shape), options.dtype, options.device.type, runtime)
         what = f"decoding latents {source.shape} to {frames} frames of {width}x{height}"
         check_fits(needs, options.device, what, runtime.max_gpu_memory)
