@@ -35,7 +35,7 @@ from command_runs import (
     tmpfs,
     tree,
 )
-from repo import EXAMPLE_LATENTS, SCRIPT, TINY
+from repo import EXAMPLE_LATENTS, REPO, SCRIPT, TINY
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -384,6 +384,49 @@ def test_a_real_stop_while_the_summary_waits_on_stderr(tmp_path):
 def test_temp_name_is_short_and_recognisable(tmp_path):
     name = files.temp_name(tmp_path / ("v" * 251 + ".mp4")).name
     assert name.startswith(".minimax-h3-decode-") and name.endswith(".part.mp4") and len(name) < 40
+
+
+LATE_STOP = """
+import os, signal, time
+from minimax_h3_vae.command import main as command
+late = {late!r}
+if late == "after main":
+    run = command.main
+
+    def stopped_after(*args, **kwargs):
+        code = run(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        return code
+
+    command.main = stopped_after
+else:
+    say = command.say
+
+    def stopped_after(line, *args, **kwargs):
+        say(line, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+
+    command.say = stopped_after
+from minimax_h3_vae.command.console import console_main
+console_main()
+"""
+
+
+@pytest.mark.parametrize("late", ["after main", "after the line"])
+def test_a_stop_after_the_run_has_said_its_line_adds_none(tmp_path, late):
+    """Bug (seen under torchrun): a rank whose run had failed and said its one line got torchrun's SIGTERM as it
+    ended, and said a second, `interrupted by SIGTERM: nothing was written`, exiting 143. A stop once the run's
+    line is said (in `main`, or after it while the process exits) is ignored: one line, the run's code."""
+    script = LATE_STOP.format(late=late)
+    command = [sys.executable, "-c", script, str(tmp_path / "missing.safetensors"), str(tmp_path / "out.mp4")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(said) == 1 and said[0].startswith("error:"), result.stderr
+    assert tree(tmp_path) == set()
 
 
 # ---- permission bits, long names -----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from .flags import parse_args
 from .preflight import Prepared, prepare
 from .report import STOP_SIGNALS, STREAM_ERRORS, Agreed, Diagnostics, InputError, Stopped, describe, progress_bar, say
 from .signals import Watchdog, reserve_cpu_time, unwind
-from .stops import Written
+from .stops import Ended, Written
 from .timing import Phases, process_age
 from .writer import BackgroundWriter
 
@@ -185,12 +185,20 @@ def main(argv: list[str] | None = None, started: float = 0.0) -> int:
     ran before the call, counted into --verbose's start-up (the console entry passes the process's age)."""
     args = parse_args(argv)
     Written.note(None)
+    Ended.note(None)
     handlers, cpu_limit = {}, None
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:
         handlers = {signum: signal.signal(signum, unwind) for signum in STOP_SIGNALS}
         cpu_limit = reserve_cpu_time()  # only with the handlers: SIGXCPU's default action would end the process
     rank, ranks, device, watchdog = 0, 1, None, None
+
+    def hold_stops() -> None:
+        """The run's outcome is decided and its one line said or about to be: a stop from now on is ignored,
+        and after `main` ends the process with the run's code and no second line (`Ended`)."""
+        for signum in handlers:
+            signal.signal(signum, signal.SIG_IGN)
+
     try:
         try:
             ranks = distributed.launched_world_size()
@@ -206,12 +214,16 @@ def main(argv: list[str] | None = None, started: float = 0.0) -> int:
                 reason = (str(error).strip().splitlines() or ["no reason given"])[0]
                 raise InputError(f"cannot join torchrun's process group ({reason}): launch with torchrun") from None
         run(args, rank, ranks, device, watchdog, started)
+        hold_stops()
+        Ended.note(0)
     except (Exception, KeyboardInterrupt, Stopped) as error:
+        hold_stops()
         code, line = describe(error)
         if args.verbose and not isinstance(error, Agreed):
             traceback.print_exc(file=Diagnostics())
         if ranks == 1 or distributed.reports_failures():  # under torchrun: once, by the lowest running rank
             (watchdog.say_once if watchdog is not None else say)(line)
+        Ended.note(code)
         return code
     finally:
         if ranks > 1:

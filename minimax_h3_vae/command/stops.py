@@ -29,7 +29,10 @@ STOP_SIGNALS = {
 
 def stop_at_start(signum, frame) -> None:
     """A stop signal while the command starts (torch and the package still importing) or ends (after `main`):
-    nothing is left to clean up, so the one line and the exit code (128 + the signal) are all there is to do."""
+    nothing is left to clean up, so the one line and the exit code (128 + the signal) are all there is to do;
+    once the run has ended (`Ended`) it has said its line, and the process exits with the run's code, silently."""
+    if Ended.code is not None:
+        os._exit(Ended.code)
     line = stopped_line(STOP_SIGNALS.get(signum, f"signal {signum}")) + "\n"
     try:
         os.write(2, line.encode())
@@ -43,6 +46,18 @@ def handle_stops_at_start() -> None:
     for the run, and puts these back after it."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop_at_start)
+
+
+class Ended:
+    """The exit code of the run that has ended, its line said (`main` notes it; None while none has): a stop
+    that comes after it, such as torchrun's SIGTERM to a rank whose run has just failed, adds no second line
+    and does not change the code."""
+
+    code: int | None = None
+
+    @classmethod
+    def note(cls, code: int | None) -> None:
+        cls.code = code
 
 
 class Written:
