@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,6 +108,28 @@ def test_the_dsl_logger_gets_quacks_fingerprint_and_no_other_logger_does():
     assert not hasattr(logging.Logger, "__quack_semantic_key__") and type(other) is logging.Logger
     dsl.logger.warning("still logs")
     assert [r.getMessage() for r in records] == ["still logs"]
+
+
+def test_quacks_disk_cache_keys_take_this_packages_sources():
+    """quack keys an installed package's epilogues by name alone: the package's folder goes into its cache's
+    fingerprint sources once, beside what the host put there, and is the folder that holds the epilogues."""
+    import types
+
+    host = Path("/host/kernels")
+    cache = types.SimpleNamespace(EXTRA_SOURCE_DIRS=[host])
+    quack_common.fingerprint_sources(cache)
+    quack_common.fingerprint_sources(cache)  # once is enough
+    assert cache.EXTRA_SOURCE_DIRS == [host, quack_common.PACKAGE]
+    assert (quack_common.PACKAGE / "fused" / "linear_qk_rms_norm_rope.py").is_file()
+    assert (quack_common.PACKAGE / "fused" / "fp16x3_linear.py").is_file()
+
+
+@needs_quack
+def test_loading_quack_puts_this_package_into_its_cache_fingerprint():
+    import quack.cache
+
+    quack_common.load()
+    assert quack.cache.EXTRA_SOURCE_DIRS.count(quack_common.PACKAGE) == 1
 
 
 @needs_quack

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from pathlib import Path
 
 import torch
 
@@ -21,6 +22,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 ALIGN = 8
 # The N tile of gemm_config().
 TILE_N = 192
+# This package's folder, whose sources go into the keys of quack's on-disk compile cache (`fingerprint_sources`).
+PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def installed() -> bool:
@@ -30,7 +33,8 @@ def installed() -> bool:
 
 @functools.cache
 def load() -> None:
-    """Import quack once, and give the DSL's logger the fingerprint quack's compile cache asks of it.
+    """Import quack once, give the DSL's logger the fingerprint quack's compile cache asks of it, and put this
+    package's sources into that cache's keys (`fingerprint_sources`).
 
     quack 0.6.5 keys its compile cache on a fingerprint of everything an epilogue's code refers to, and
     refuses values it cannot fingerprint. Code outside site-packages is followed into its globals (an
@@ -41,6 +45,20 @@ def load() -> None:
     importlib.import_module("quack.gemm_interface")
     importlib.import_module("quack.epilogue.frontend")
     key_logger(importlib.import_module("cutlass.base_dsl.utils.logger"))
+    fingerprint_sources(importlib.import_module("quack.cache"))
+
+
+def fingerprint_sources(cache) -> None:
+    """Put this package's sources into the fingerprint of quack's on-disk compile cache (`cache`: quack.cache;
+    its `EXTRA_SOURCE_DIRS`, read when the cache first keys a build in the process).
+
+    quack 0.6.5 keys a compiled GEMM by its epilogue's source, except for code installed in site-packages,
+    which it knows by qualified name alone: after an upgrade of this package that changed an epilogue
+    (linear_qk_rms_norm_rope.py, fp16x3_linear.py), a kernel built by the old one would be loaded from
+    /tmp/$USER/quack_cache by name. With the package's sources in the fingerprint, any change to them keys
+    new builds. Once per list; the other entries stay (a host's own)."""
+    if PACKAGE not in cache.EXTRA_SOURCE_DIRS:
+        cache.EXTRA_SOURCE_DIRS.append(PACKAGE)
 
 
 def key_logger(module) -> None:
