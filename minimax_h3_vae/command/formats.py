@@ -12,9 +12,9 @@ OUTPUT_FORMATS = (".mp4", ".safetensors", ".wav", ".flac")
 AUDIO_FORMATS = (".wav", ".flac")  # the sound alone: the video is not decoded
 CRF_RANGE = (0, 51)  # libx264, 8 bit; 0 is lossless (written as RGB, see mux.Mp4Sink)
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
-# x264's "faster" rather than ffmpeg's "medium": at crf 17 on natural-looking frames it encodes 2.2x as fast with
-# the same PSNR and SSIM and a file no larger (benchmarks/LOG.md, 2026-12-04-x264-presets), which takes the
-# encoder off the decode's critical path on a GPU machine's host.
+# x264's "faster" rather than ffmpeg's "medium": at crf 17 on generated video it encodes 1.7-1.8x as fast, for a
+# PSNR 0.2 dB lower and a file no larger (benchmarks/LOG.md, 2026-12-04-x264-presets), which takes the encoder
+# off the decode's critical path on a GPU machine's host.
 DEFAULT_PRESET = "faster"
 # The formats that need ffmpeg, and what to write instead when it is missing.
 WITHOUT_FFMPEG = {
