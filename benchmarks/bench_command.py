@@ -1,13 +1,14 @@
 """The command's wall clock, process start to exit, with --verbose's breakdown by phase.
 
-    PYTHONPATH=. python benchmarks/bench_command.py [--work /tmp/command] [--runs 2]
+    PYTHONPATH=. python benchmarks/bench_command.py [--work /tmp/command] [--runs 2] [--outputs mp4 ...]
+        [--flags "--gemm quack --attention fa4"]
 
 A 10.125 s clip with sound at the released sizes: video latents (24, 72, 48, 84) and audio latents (2, 32, 405),
 normalised, random (so the frames are noise: x264's worst case). The video VAE is written once as ComfyUI's fp16
 file (random weights, benchmarks/common.py), the audio VAE as a diffusers-layout folder (bench_audio.py's random
-weights), both read back from the page cache. Each output (.safetensors, .mp4 with AAC, .wav) is written `--runs`
-times in a fresh process with the default settings; the table gives each run's wall clock and phases. JSON to
-$OUT/command.json when OUT is set.
+weights), both read back from the page cache. Each output (.safetensors, .mp4 with AAC, .wav, or those named by
+--outputs) is written `--runs` times in a fresh process with the default settings and --flags; the table gives each
+run's wall clock and phases. JSON to $OUT/command.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ def inputs(work: Path) -> tuple[Path, Path, Path]:
     return latents, video, audio
 
 
-def command(latents: Path, video: Path, audio: Path, out: Path) -> dict:
+def command(latents: Path, video: Path, audio: Path, out: Path, flags: list[str]) -> dict:
     """One run of the command in its own process: wall clock, exit code, the phases of its `time:` line."""
-    args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose"]
+    args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose", *flags]
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -75,14 +76,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", type=Path, default=Path("/tmp/command"))
     parser.add_argument("--runs", type=int, default=2)
+    outputs = ["safetensors", "mp4", "wav"]
+    parser.add_argument("--outputs", nargs="+", default=outputs, choices=outputs)
+    parser.add_argument("--flags", default="", help="the command's flags for each run: '--gemm quack --attention fa4'")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     latents, video, audio = inputs(args.work)
-    results = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": {}}
-    for suffix in ("safetensors", "mp4", "wav"):
+    results = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "flags": args.flags, "runs": {}}
+    for suffix in args.outputs:
         for attempt in range(1, args.runs + 1):
             out = args.work / f"out.{suffix}"
-            row = command(latents, video, audio, out)
+            row = command(latents, video, audio, out, args.flags.split())
             results["runs"][f"{suffix} {attempt}"] = row
             print(f"{suffix} run {attempt}: {row}", flush=True)
             out.unlink(missing_ok=True)
