@@ -55,9 +55,9 @@ def _scale_add_rms_norm_kernel(
     when NORM (w and out are unused otherwise). Unit column strides throughout.
 
     The new residual is a product and a sum, each rounded (no fused multiply-add: eager's two ops). With
-    TORCH_ORDER it is computed and stored in torch's reading order (`torch_row_order`; n_cols a multiple of 4),
-    its sum of squares taken as it goes, and read back as a block for the norm; else computed, stored and
-    summed as a block, in Triton's order."""
+    TORCH_ORDER its sum of squares is taken in torch's order (`torch_row_order`; n_cols a multiple of 4) from
+    the row as it will be stored, so the new row is computed twice: once in torch's reading order for the
+    norm, once in blocks to store it and its norm; else in Triton's order, from the block."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < n_cols
@@ -65,29 +65,24 @@ def _scale_add_rms_norm_kernel(
     mask = row_mask & col_mask[None, :]
     rows = rows.to(tl.int64)[:, None]
 
-    res_ptrs = res_ptr + rows * stride_res + cols[None, :]
     if NORM and TORCH_ORDER:
         acc = tl.zeros((BLOCK_R, THREADS), dtype=tl.float32)
         for k in tl.static_range(VECTORS):
             col = k * THREADS * 4 + torch_vector_columns(THREADS)
             in_row = col < n_cols
             vector_mask = row_mask[:, :, None] & in_row
-            vector_ptrs = res_ptr + rows[:, :, None] * stride_res + col
+            old = tl.load(res_ptr + rows[:, :, None] * stride_res + col, mask=vector_mask, other=0.0)
             y = tl.load(y_ptr + rows[:, :, None] * stride_y + col, mask=vector_mask, other=0.0).to(tl.float32)
-            scale = tl.load(scale_ptr + col, mask=in_row, other=0.0)
-            new = tl.load(vector_ptrs, mask=vector_mask, other=0.0) + y * scale
-            tl.store(vector_ptrs, new, mask=vector_mask)
+            new = old + y * tl.load(scale_ptr + col, mask=in_row, other=0.0)
             acc = torch_add_squares(new, acc, BLOCK_R, THREADS)
         inv = torch_inv_rms(torch_tree_sum(acc, BLOCK_R, THREADS, WARPS, LANE_STEPS, WARP_STEPS), n_cols, eps)
-        # The block below holds elements other threads of this program stored: bar.sync makes them visible.
-        tl.debug_barrier()
-        residual = tl.load(res_ptrs, mask=mask, other=0.0)
-    else:
-        residual = tl.load(res_ptrs, mask=mask, other=0.0)
-        y = tl.load(y_ptr + rows * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
-        residual = residual + y * scale[None, :]
-        tl.store(res_ptrs, residual, mask=mask)
+
+    res_ptrs = res_ptr + rows * stride_res + cols[None, :]
+    residual = tl.load(res_ptrs, mask=mask, other=0.0)
+    y = tl.load(y_ptr + rows * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + cols, mask=col_mask, other=0.0)
+    residual = residual + y * scale[None, :]
+    tl.store(res_ptrs, residual, mask=mask)
     if NORM:
         if not TORCH_ORDER:
             inv = inv_rms(residual, n_cols, eps)
