@@ -340,6 +340,18 @@ def check_bytes(host: int, on_device: int, device: torch.device, what: str, cap:
             )
 
 
+def fits_beside(memory: MemoryPlan, on_device: int, device: torch.device, cap: int | None = None) -> bool:
+    """Whether `on_device` more bytes fit on a CUDA `device` while the plan's weights are loaded onto it (its
+    weights, streamed slots and latents): work run beside the load, done before the decode, which then meets
+    the free memory `check_fits` checked. False on the CPU (the load and the work would share its cores)."""
+    if memory.on_cpu or device.type != "cuda":
+        return False
+    free = torch.cuda.mem_get_info(device)[0]
+    if cap is not None:
+        free = min(free, cap)
+    return memory.weights + memory.streamed_slots + memory.latents + on_device <= free
+
+
 # The audio decode's peak working memory, in bytes per value of its largest intermediate (a stage's output,
 # every stereo channel): the anti-aliased activations' upsampled copies, the AMP blocks' sums and the convs'
 # buffers. Measured about 46 (float32 on the CPU, the example's audio VAE, 100 s of sound; peak RSS) and about

@@ -105,6 +105,23 @@ def test_check_fits_names_the_size_and_the_limit(monkeypatch):
     memory.check_fits(plan, torch.device("cpu"), "decoding")
 
 
+def test_fits_beside_counts_the_load_against_the_free_memory(monkeypatch):
+    """Work beside the weights' load (the command's sound) fits when the load's bytes (weights, streamed slots,
+    latents) and the work's fit in the free memory and under the cap; never on the CPU."""
+    cuda = torch.device("cuda")
+    for offload in ("none", "blocks"):
+        plan = memory.plan(RELEASED, UNIT, dtype=torch.float16, device_type="cuda", offload=offload, tile_batch=4)
+        load = plan.weights + plan.streamed_slots + plan.latents
+        assert load < plan.device, "the load alone is less than the decode's peak"
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=load + 2**30: (free, 2 * free))
+        assert memory.fits_beside(plan, 2**30, cuda)
+        assert not memory.fits_beside(plan, 2**30 + 1, cuda)
+        assert not memory.fits_beside(plan, 2**30, cuda, cap=load + 2**30 - 1), "the cap, when less than free"
+        assert memory.fits_beside(plan, 2**30, cuda, cap=2**50)
+    on_cpu = memory.plan(RELEASED, UNIT, dtype=torch.float32, device_type="cpu")
+    assert not memory.fits_beside(on_cpu, 0, torch.device("cpu"))
+
+
 def test_available_host_reads_this_machine():
     assert memory.available_host() > 0
 

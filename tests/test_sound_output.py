@@ -334,9 +334,24 @@ def broken_audio_vae(tmp_path: Path, how: str) -> Path:
     return root
 
 
+def sound_beside(monkeypatch) -> None:
+    """Make the run decode the sound beside the video weights' load, as it does on a GPU with room for both
+    (`memory.fits_beside`, whose arithmetic test_memory.py checks), here on the CPU."""
+    from minimax_h3_vae import memory
+
+    monkeypatch.setattr(memory, "fits_beside", lambda *args, **kwargs: True)
+
+
+def sound_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sound"]
+
+
+@pytest.mark.parametrize("beside", [False, True])
 @pytest.mark.parametrize("suffix", [".mp4", ".safetensors", ".wav"])
 @pytest.mark.parametrize("how, code, words", [("truncated", 2, "audio_vae"), ("nan", 1, "the decoded sound holds NaN")])
-def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, suffix, how, code, words):
+def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, monkeypatch, suffix, how, code, words, beside):
+    if beside:
+        sound_beside(monkeypatch)
     out = tmp_path / f"out{suffix}"
     out.write_bytes(OLD)
     source = clip(tmp_path)
@@ -346,6 +361,97 @@ def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, suffix, how, code, 
     assert got == code and words in line, line
     assert out.read_bytes() == OLD
     assert {p for p in tree(tmp_path) if not p.startswith("model")} == {out.name, "z.safetensors"}
+    assert not sound_threads()
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".mp4"])
+def test_the_sound_beside_the_load_writes_the_same_file(tmp_path, capsys, monkeypatch, suffix):
+    """Decoded in a thread of its own while the video decoder loads, the sound goes into the same bytes as when
+    it is decoded first, and the summary says which it was."""
+    threads = []
+    real_audio = H3AudioDecoder.decode
+
+    def audio(self, z, progress=None):
+        threads.append(threading.current_thread().name)
+        return real_audio(self, z, progress)
+
+    monkeypatch.setattr(H3AudioDecoder, "decode", audio)
+    source = clip(tmp_path)
+    code, err = run(capsys, source, tmp_path / f"before{suffix}")
+    assert code == 0 and ", before) in" in err and threads == ["MainThread"], err
+    sound_beside(monkeypatch)
+    code, err = run(capsys, source, tmp_path / f"beside{suffix}")
+    assert code == 0 and ", beside the weights' load) in" in err and threads == ["MainThread", "sound"], err
+    assert "sound: audio latents (2, 32, 15) -> 2 x 12000 samples at 32000 Hz (0.375 s)" in err
+    if suffix == ".safetensors":
+        assert (tmp_path / "beside.safetensors").read_bytes() == (tmp_path / "before.safetensors").read_bytes()
+    else:  # the same samples into the same encoder
+        assert torch.equal(samples_of(tmp_path / "beside.mp4"), samples_of(tmp_path / "before.mp4"))
+    assert not sound_threads()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_sound_decodes_beside_the_load(tmp_path, capsys):
+    """On a GPU with room for both, the sound decodes on its own thread and stream beside the video weights'
+    load, to the same samples as the sound alone (decoded by itself), bit for bit."""
+    source = clip(tmp_path)
+    capsys.readouterr()
+    assert cli.main([str(source), str(tmp_path / "v.safetensors"), "--model", str(TINY), "--device", "cuda"]) == 0
+    err = capsys.readouterr().err
+    assert ", beside the weights' load) in" in err, err
+    assert cli.main([str(source), str(tmp_path / "a.wav"), "--model", str(TINY), "--device", "cuda"]) == 0
+    got = load_file(str(tmp_path / "v.safetensors"))["audio"]
+    assert torch.equal(got, samples_of(tmp_path / "a.wav"))  # the .wav holds the float samples exactly
+
+
+def test_a_video_vae_that_fails_to_load_beside_the_sound(tmp_path, capsys, monkeypatch):
+    """The video weights fail to load while the sound decodes beside them: the video's error line, after the
+    sound's thread has ended; nothing written."""
+    sound_beside(monkeypatch)
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    weights = model / "video_vae" / "source" / "model.safetensors"
+    with open(weights, "r+b") as handle:
+        handle.truncate(weights.stat().st_size - 1000)
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out, "--model", model)
+    line = one_error_line(err)
+    assert code == 2 and "model.safetensors" in line, line
+    assert out.read_bytes() == OLD and not sound_threads()
+
+
+def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the video decoder loads and the sound decodes beside it: the sound stops at its next block
+    (it does not run on after the command), exit 130, nothing written."""
+    from minimax_h3_vae import H3VideoDecoder
+
+    sound_beside(monkeypatch)
+    started, go, blocks = threading.Event(), threading.Event(), []
+    real_audio = H3AudioDecoder.decode
+
+    def audio(self, z, progress=None):
+        def held(done, total):  # the first block waits until the stop has been taken
+            blocks.append(done)
+            started.set()
+            go.wait(60)
+            progress(done, total)
+
+        return real_audio(self, z, held)
+
+    def video(cls, *args, **kwargs):
+        assert started.wait(60)
+        threading.Timer(0.5, go.set).start()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(H3AudioDecoder, "decode", audio)
+    monkeypatch.setattr(H3VideoDecoder, "from_checkpoint", classmethod(video))
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out)
+    assert code == 130 and err.splitlines()[-1] == "interrupted by SIGINT: nothing was written", err
+    assert not sound_threads() and blocks == [0], "stopped before its first block"
+    assert out.read_bytes() == OLD and tree(tmp_path) == {out.name, "z.safetensors"}
 
 
 def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys, monkeypatch):

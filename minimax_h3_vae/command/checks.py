@@ -63,6 +63,17 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def checkpoint_files(model: str, checkpoint) -> list[Path]:
+    """Every file the checkpoint is read from: its weights and, for a local path, everything under it."""
+    files = list(checkpoint.files.values())
+    path = Path(model).expanduser()
+    if path.is_file():
+        files.append(path)
+    elif path.is_dir():
+        files += [Path(root) / name for root, _, names in os.walk(path) for name in names]
+    return files
+
+
 def probe_folder(output: Path) -> None:
     """ValueError when OUT's folder does not take a new file (a real create-and-remove, not a permission
     guess: root, read-only mounts and ACLs all answer here), or when an existing OUT could not be replaced:

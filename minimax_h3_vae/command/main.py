@@ -91,7 +91,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
             prepared.phases.lap("write")
             say(
                 f"wrote {shown(args.output)}: {prepared.sound.format.seconds:.3f} s of sound "
-                f"(decoded in {prepared.phases.seconds['sound']:.1f} s)"
+                f"(decoded in {prepared.sound_seconds:.1f} s)"
             )
             if args.verbose:
                 say(prepared.phases.line())
@@ -166,9 +166,9 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
+    when = "beside the weights' load" if prepared.sound_beside else "before"
     sound = (
-        f" with {prepared.sound.format.seconds:.3f} s of sound "
-        f"(decoded in {prepared.phases.seconds['sound']:.1f} s, before)"
+        f" with {prepared.sound.format.seconds:.3f} s of sound (decoded in {prepared.sound_seconds:.1f} s, {when})"
         if prepared.sound is not None
         else ""
     )

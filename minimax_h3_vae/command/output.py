@@ -10,7 +10,7 @@ a failure, a signal or a full disk leaves OUT as it was and nothing beside it.
     sink.discard()            stop the writer, remove the temporary file; OUT is untouched
 
 The writers: mux.py (the mp4: H.264 and AAC from one ffmpeg process) and sinks.py (.safetensors, .wav,
-.flac). The sound is decoded before the video, so each is given it whole when it opens. What OUT is checked
+.flac). The sound is decoded before the first frame, so each is given it whole when it opens. What OUT is checked
 for before any work is in checks.py.
 """
 

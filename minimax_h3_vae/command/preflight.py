@@ -4,18 +4,16 @@ the sound decoded (`prepare`); what it hands to the run is a `Prepared`."""
 from __future__ import annotations
 
 import argparse
-import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..files import resolve_output
 from ..latents import DEFAULT_FPS, check_fps
 from ..text import shown
 from . import checks, formats, output
-from .commit import OutputFile, WriteError
+from .commit import OutputFile
 from .flags import check_arguments, decode_options
-from .report import InputError, progress_bar, say
+from .report import InputError, say
+from .sound import SoundBeside, check_sound, decode_sound
 from .timing import Phases
 
 
@@ -30,17 +28,8 @@ class Prepared:
     sink: OutputFile | None  # rank 0's open output
     sound: formats.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
     phases: Phases = field(default_factory=Phases)  # the run's wall clock so far, by phase (--verbose)
-
-
-def checkpoint_files(model: str, checkpoint) -> list[Path]:
-    """Every file the checkpoint is read from: its weights and, for a local path, everything under it."""
-    files = list(checkpoint.files.values())
-    path = Path(model).expanduser()
-    if path.is_file():
-        files.append(path)
-    elif path.is_dir():
-        files += [Path(root) / name for root, _, names in os.walk(path) for name in names]
-    return files
+    sound_seconds: float = 0.0  # the sound's decode, its load included
+    sound_beside: bool = False  # decoded beside the video weights' load, not before it
 
 
 def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases: Phases | None = None) -> Prepared:
@@ -50,8 +39,8 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     Before anything is loaded: the arguments and run options, OUT (format, its folder takes a file, not IN),
     IN's header. From the checkpoints' headers alone: OUT is none of their files, the latent channels, the
     frame rate, the audio's duration against the video's, free disk space, and the memory plan of the resolved
-    run settings. Only then are the latents and the weights read, and the sound decoded before the video
-    decoder is built.
+    run settings. Only then are the latents and the weights read, and on rank 0 the sound decoded: beside the
+    video decoder's load where the GPU has room for both (`memory.fits_beside`), else before it.
     """
     from ..checkpoints import CheckpointError, load_checkpoint
     from ..decoding import H3VideoDecoder
@@ -63,7 +52,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
         read_latents_header,
         swapped_axes,
     )
-    from ..memory import check_fits, decode_plan
+    from ..memory import check_fits, decode_plan, fits_beside
     from ..runtime import resolve
     from ..tiling import plan_chunks
 
@@ -95,7 +84,7 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
         checkpoint = load_checkpoint(args.model, revision=args.revision)
     except CheckpointError as error:
         raise InputError(str(error)) from None
-    if any(checks.same_file(args.output, path) for path in checkpoint_files(args.model, checkpoint)):
+    if any(checks.same_file(args.output, path) for path in checks.checkpoint_files(args.model, checkpoint)):
         raise InputError(
             f"{shown(args.output)}: is a file of the checkpoint {shown(args.model)}; give another output name"
         )
@@ -115,10 +104,10 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
             check_fps(fps, "--fps" if args.fps else f"{shown(args.input)}: metadata fps")
     except ValueError as error:
         raise InputError(str(error)) from None
-    audio = None  # rank 0: (the audio checkpoint, the sound's format)
+    audio = None  # rank 0: sound.SoundPlan
     if rank == 0 and source.audio is not None:
         audio = check_sound(args, options, source, (frames, fps))
-    sound_format = audio[1] if audio is not None else None
+    sound_format = audio.format if audio is not None else None
     try:
         output_rank = 0 if ranks > 1 else None  # as `decode` asks for it
         phases.lap("checks")
@@ -141,19 +130,35 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     except ValueError as error:
         raise InputError(f"{shown(args.input)}: {error}") from None
     phases.lap("read")
-    sound = None
+    beside, decoded, failure = None, None, None
     if audio is not None:
-        sound = decode_sound(args, options, source, audio[0], phases)
-    try:  # the checkpoint located and checked above, not opened again; the offload decided above
-        decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
-    except (CheckpointError, ValueError) as error:
-        raise InputError(str(error)) from None
-    phases.lap("read")
+        if fits_beside(needs, audio.device_bytes, options.device, runtime.max_gpu_memory):
+            beside = SoundBeside(args, options, source, audio.checkpoint)
+        else:
+            decoded = decode_sound(args, options, source, audio.checkpoint)
+            phases.lap("sound")
+    try:
+        try:  # the checkpoint located and checked above, not opened again; the offload decided above
+            decoder = H3VideoDecoder.from_checkpoint(checkpoint, options.replace(offload=runtime.offload))
+        except (CheckpointError, ValueError) as error:
+            failure = InputError(str(error))
+        phases.lap("read")
+        if beside is not None:
+            decoded = beside.result()  # its failure first, as if it had been decoded before the load
+            phases.lap("sound")  # what the sound took beyond the load
+    except BaseException:
+        if beside is not None:
+            beside.cancel()
+        raise
+    if failure is not None:
+        raise failure
+    sound = decoded.sound if decoded is not None else None
     sink = None
     if rank == 0:
         video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
         sink = output.open_sink(args.output, video, sound)
-    return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases)
+    seconds = decoded.seconds if decoded is not None else 0.0
+    return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases, seconds, beside is not None)
 
 
 def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, phases: Phases) -> Prepared:
@@ -169,145 +174,14 @@ def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, ph
         )
     if rank != 0:
         return Prepared(None, None, fps, 0, 0, 0, None, phases=phases)
-    checkpoint, sound_format = check_sound(args, options, source, None)
+    audio = check_sound(args, options, source, None)
     try:
-        checks.check_free_space(args.output, checks.least_bytes(args.output, 0, 0, 0, sound_format))
-        checks.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, sound_format)
+        checks.check_free_space(args.output, checks.least_bytes(args.output, 0, 0, 0, audio.format))
+        checks.check_encoder(args.output, 0, 0, fps, args.crf, args.preset, audio.format)
     except ValueError as error:
         raise InputError(str(error)) from None
     phases.lap("checks")
-    sound = decode_sound(args, options, source, checkpoint, phases)
-    sink = output.open_sink(args.output, formats.VideoFormat(0, 0, 0, fps), sound)
-    return Prepared(None, None, fps, 0, 0, 0, sink, sound, phases)
-
-
-def audio_source(args: argparse.Namespace) -> tuple[str | None, str | None, str]:
-    """Where the audio VAE is: (source, revision, what --model is, for a message); source None when there is
-    none to be found. --audio-model if given; else --model itself for a hub repo id or a repo root (the audio
-    loader finds its FL2VA/audio_vae/ or audio_vae/), the audio_vae/ folder beside a video VAE folder
-    (FL2VA/video_vae/ -> FL2VA/audio_vae/, vae/ -> audio_vae/), and nothing for a single video VAE file."""
-    if args.audio_model is not None:
-        return args.audio_model, None, "--audio-model's"
-    path = Path(args.model).expanduser()
-    try:
-        exists = path.exists()
-    except OSError as error:  # a name too long for the filesystem, a folder that may not be searched
-        raise InputError(f"{shown(args.model)}: cannot look there ({error.strerror})") from None
-    if not exists:  # a hub repo id, at the same revision (the loader explains anything else)
-        return args.model, args.revision, "the hub repo's"
-    if path.is_file():
-        return None, None, "a single video VAE file"
-    if (path / "config.json").is_file():  # the video VAE's own folder
-        sibling = path.absolute().parent / "audio_vae"
-        if (sibling / "config.json").is_file():
-            return str(sibling), None, "the audio_vae/ folder beside --model's"
-        return None, None, "a video VAE folder with no audio_vae/ folder beside it"
-    return args.model, None, "the repo root's"
-
-
-def check_sound(args: argparse.Namespace, options, source, video: tuple[int, float] | None):
-    """Rank 0's checks of IN's audio latents, from headers alone: the audio VAE located (its tensor headers
-    read), OUT none of its files, its latent channels and sample rate against IN's, the audio's duration
-    against the video's (`video`: frames and fps; None for the sound alone), and the memory of its decode.
-    Returns (the audio checkpoint, the sound's formats.SoundFormat)."""
-    from fractions import Fraction
-
-    from ..audio.loading import DECODER_PREFIXES
-    from ..audio.loading import load_checkpoint as load_audio_checkpoint
-    from ..checkpoints import CheckpointError
-    from ..latents import AUDIO_RATE_KEY, check_durations
-    from ..memory import audio_decode_bytes, check_bytes
-    from ..runtime import GIB
-
-    name, shape = shown(args.input), source.audio.shape
-    leave_out = "leave the sound out with --no-audio"
-    where, revision, what = audio_source(args)
-    if where is None:
-        raise InputError(
-            f"{name}: holds audio latents {shape}, and --model {shown(args.model)} ({what}) has no audio VAE; give "
-            f"one with --audio-model SOURCE (a repo root, an audio_vae/ folder or ComfyUI's audio VAE file), or "
-            f"{leave_out}"
-        )
-    try:
-        checkpoint = load_audio_checkpoint(where, revision=revision)
-    except CheckpointError as error:
-        fix = "fix --audio-model" if args.audio_model is not None else "give one with --audio-model SOURCE"
-        raise InputError(
-            f"{name}: holds audio latents {shape}, and their audio VAE ({what}) cannot be loaded: {error}; {fix}, "
-            f"or {leave_out}"
-        ) from None
-    if any(checks.same_file(args.output, path) for path in checkpoint_files(where, checkpoint)):
-        raise InputError(f"{shown(args.output)}: is a file of the audio checkpoint {shown(where)}; give another name")
-    config = checkpoint.config
-    if shape[1] != config.latent_channels:
-        raise InputError(
-            f"{name}: audio latents {shape} have {shape[1]} latent channels, the audio VAE {shown(where)} takes "
-            f"{config.latent_channels}: expected (2, {config.latent_channels}, N); or {leave_out}"
-        )
-    if source.audio.sample_rate not in (None, config.sample_rate):
-        raise InputError(
-            f"{name}: audio latents for {source.audio.sample_rate} Hz sound (metadata {AUDIO_RATE_KEY}), the audio "
-            f"VAE {shown(where)} decodes to {config.sample_rate} Hz; give the matching one with --audio-model, or "
-            f"{leave_out}"
-        )
-    latents = shape[2]
-    if video is not None:
-        try:
-            check_durations(*video, latents, Fraction(config.sample_rate, config.hop_length))
-        except ValueError as error:
-            raise InputError(f"{name}: {error}; give the clip's --fps, or {leave_out}") from None
-    weights = 4 * sum(math.prod(s) for key, s in checkpoint.shapes.items() if key.startswith(DECODER_PREFIXES))
-    host, device_bytes = audio_decode_bytes(config, weights, shape[0], latents, options.device.type)
-    cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)  # --max-gpu-memory
-    try:
-        check_bytes(host, device_bytes, options.device, f"decoding audio latents {shape}", cap)
-    except ValueError as error:
-        raise InputError(str(error)) from None
-    return checkpoint, formats.SoundFormat(shape[0], latents * config.hop_length, config.sample_rate)
-
-
-def decode_sound(args: argparse.Namespace, options, source, checkpoint, phases: Phases) -> formats.Soundtrack:
-    """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
-    fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped before the
-    video decoder is built, a `sound` progress bar over its AMP blocks meanwhile; all that is `phases`'s lap
-    "sound". InputError for unreadable latents or weights, WriteError for NaN in the sound."""
-    import torch
-
-    from ..audio.decoder import H3AudioDecoder
-    from ..checkpoints import CheckpointError
-    from ..latents import read_audio_latents
-
-    try:
-        audio_latents = read_audio_latents(source)
-        decoder = H3AudioDecoder.from_checkpoint(checkpoint, device=options.device, fused=False if args.eager else None)
-    except (CheckpointError, ValueError) as error:
-        raise InputError(str(error)) from None
-    bar = None
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:  # the first report comes before the first block: the bar shows from the start
-            bar = progress_bar(total, "sound", "block")
-        bar.update(done - bar.n)
-
-    try:
-        samples = decoder.decode(audio_latents, progress)
-    finally:
-        if bar is not None:
-            bar.close()
-    if not torch.isfinite(samples).all():
-        raise WriteError(
-            f"{shown(args.output)}: the decoded sound holds NaN or Inf (check the audio VAE's weights); "
-            "nothing was written"
-        )
-    sound = formats.Soundtrack(samples.cpu(), decoder.sample_rate)
-    del decoder, samples
-    if options.device.type == "cuda":
-        torch.cuda.empty_cache()  # the video decoder's automatic tile batch reads the free memory
-    channels, length = sound.samples.shape
+    decoded = decode_sound(args, options, source, audio.checkpoint)
     phases.lap("sound")
-    say(
-        f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
-        f"Hz ({length / sound.sample_rate:.3f} s) in {phases.seconds['sound']:.1f} s"
-    )
-    return sound
+    sink = output.open_sink(args.output, formats.VideoFormat(0, 0, 0, fps), decoded.sound)
+    return Prepared(None, None, fps, 0, 0, 0, sink, decoded.sound, phases, decoded.seconds)

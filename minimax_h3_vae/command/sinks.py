@@ -1,6 +1,6 @@
 """Every writer of OUT except the mp4's (mux.py): `Sink`, the base of every writer that takes the frames as they
 are decoded; `SafetensorsSink`, the frames and the sound in a .safetensors file; `WavSink` and `FlacSink`, the
-sound alone. The sound is decoded before the video, so each is given it whole when it opens."""
+sound alone. The sound is decoded before the first frame, so each is given it whole when it opens."""
 
 from __future__ import annotations
 
