@@ -1,7 +1,7 @@
 """The command's wall clock, process start to exit, with --verbose's breakdown by phase.
 
     PYTHONPATH=. python benchmarks/bench_command.py [--work /tmp/command] [--runs 2] [--outputs mp4 ...]
-        [--flags "--gemm quack --attention fa4"]
+        [--flags "--gemm quack --attention fa4"] [--before DIR]
 
 A 10.125 s clip with sound at the released sizes: video latents (24, 72, 48, 84) and audio latents (2, 32, 405),
 normalised, random (so the frames are noise: x264's worst case). The video VAE is written once as ComfyUI's fp16
@@ -9,11 +9,17 @@ file (random weights, benchmarks/common.py), the audio VAE as a diffusers-layout
 weights), both read back from the page cache. Each output (.safetensors, .mp4 with AAC, .wav, or those named by
 --outputs) is written `--runs` times in a fresh process with the default settings and --flags; the table gives each
 run's wall clock and phases. JSON to $OUT/command.json when OUT is set.
+
+--before DIR: a folder holding another tree's package (`git archive REV minimax_h3_vae | tar -x -C DIR`), run
+alternately with this one in the same session, each output's sha256 printed (a change that should not touch the
+bits shows the same hashes). The command then runs from a folder outside both trees (`python -m` puts its working
+folder first on sys.path).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -59,11 +65,18 @@ def inputs(work: Path) -> tuple[Path, Path, Path]:
     return latents, video, audio
 
 
-def command(latents: Path, video: Path, audio: Path, out: Path, flags: list[str]) -> dict:
-    """One run of the command in its own process: wall clock, exit code, the phases of its `time:` line."""
+def command(latents: Path, video: Path, audio: Path, out: Path, flags: list[str], tree: Path | None = None) -> dict:
+    """One run of the command in its own process (the package of `tree` when given): wall clock, exit code, the
+    phases of its `time:` line."""
     args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose", *flags]
+    env, cwd = None, None
+    if tree is not None:
+        paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env, cwd = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, out.parent
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True, env=env, cwd=cwd
+    )
     wall = time.perf_counter() - start
     line = next((x for x in reversed(result.stderr.splitlines()) if x.startswith("time: ")), "")
     phases = {name.strip(): float(s) for name, s in re.findall(r"([a-z -]+?) (\d+\.\d+) s", line.split(";")[0][6:])}
@@ -79,24 +92,31 @@ def main() -> None:
     outputs = ["safetensors", "mp4", "wav"]
     parser.add_argument("--outputs", nargs="+", default=outputs, choices=outputs)
     parser.add_argument("--flags", default="", help="the command's flags for each run: '--gemm quack --attention fa4'")
+    parser.add_argument("--before", type=Path, help="a folder holding another tree's package, run alternately")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     latents, video, audio = inputs(args.work)
+    trees = {"": None}
+    if args.before is not None:
+        trees = {"before ": args.before.resolve(), "after ": Path(__file__).resolve().parents[1]}
     results = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "flags": args.flags, "runs": {}}
     for suffix in args.outputs:
         for attempt in range(1, args.runs + 1):
-            out = args.work / f"out.{suffix}"
-            row = command(latents, video, audio, out, args.flags.split())
-            results["runs"][f"{suffix} {attempt}"] = row
-            print(f"{suffix} run {attempt}: {row}", flush=True)
-            out.unlink(missing_ok=True)
+            for name, tree in trees.items():
+                out = args.work / f"out.{suffix}"
+                row = command(latents, video, audio, out, args.flags.split(), tree)
+                if tree is not None and row["code"] == 0:
+                    row["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()[:16]
+                results["runs"][f"{name}{suffix} {attempt}"] = row
+                print(f"{name}{suffix} run {attempt}: {row}", flush=True)
+                out.unlink(missing_ok=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "command.json").write_text(json.dumps(results, indent=2))
     names = list(dict.fromkeys(name for row in results["runs"].values() for name in row["phases"]))
-    print(f"\n{'run':16} {'wall s':>7} " + " ".join(f"{name:>11}" for name in names))
+    print(f"\n{'run':24} {'wall s':>7} " + " ".join(f"{name:>11}" for name in names) + "  sha256")
     for key, row in results["runs"].items():
         cells = " ".join(f"{row['phases'].get(name, float('nan')):11.2f}" for name in names)
-        print(f"{key:16} {row['wall_s']:7.2f} {cells}")
+        print(f"{key:24} {row['wall_s']:7.2f} {cells}  {row.get('sha256', '')}")
 
 
 if __name__ == "__main__":
