@@ -4,6 +4,7 @@
     main.py       the run: main (exit codes, torchrun's process group), the decode loop with its progress
     flags.py      the flags, and their translation into the library's DecodeOptions
     preflight.py  every check before the decode, cheapest first; the decoders built through the library's doors
+    sound.py      the sound: its audio VAE checked from headers, its decode (before the video load or beside it)
     checks.py     OUT checked before any work: name, folder, free space, the encoder tried on one frame
     formats.py    the output formats, the video's and the sound's descriptions, their bytes
     encoder.py    ffmpeg's binary and command lines (mp4, FLAC), the sound file it reads
