@@ -192,6 +192,19 @@ def stopped_ranks() -> list[int]:
     return [rank for rank, (name, pid) in enumerate(_peers) if name == host and not _running(pid)]
 
 
+def outlive_local_ranks(timeout: float) -> None:
+    """Wait, at most `timeout` seconds, until every other rank of this host has ended. The rank that reported a
+    rank lost stays running meanwhile: a rank that meets the broken group later would otherwise find it ended
+    too, take itself for the lowest running rank and report again, naming it. No process group: returns."""
+    if _peers is None:
+        return
+    host, me = socket.gethostname(), os.getpid()
+    others = [pid for name, pid in _peers if name == host and pid != me]
+    deadline = time.monotonic() + timeout
+    while any(_running(pid) for pid in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -235,6 +235,29 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_litter(tmp_path, long_l
     check_killed_run(took, err, tmp_path)
 
 
+def test_a_rank_that_meets_the_loss_late_says_nothing(tmp_path, long_latents):
+    """Bug (a race CI met): rank 0 reported rank 1's death and exited; rank 2, meeting the broken group a moment
+    later, found ranks 0 and 1 ended, took itself for the lowest running rank and printed a second line. Here rank
+    2 is held (SIGSTOP) while rank 1 is killed and released 2.5 s later, after rank 0 has reported: still one line,
+    from rank 0, naming rank 1 (the reporter outlives this host's other ranks, a few seconds at most)."""
+    agent = torchrun(*command_args(long_latents, tmp_path / "out.safetensors"), ranks=3, module=True, wait=False)
+    try:
+        pids = rank_pids(agent, 3)
+        assert wait_for(lambda: any(".part" in p.name for p in tmp_path.iterdir()), 60), "rank 0 never opened OUT"
+        os.kill(pids[2], signal.SIGSTOP)
+        os.kill(pids[1], signal.SIGSTOP)
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        time.sleep(2.5)
+        os.kill(pids[2], signal.SIGCONT)
+        _, err = agent.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if agent.poll() is None:
+            end_launch(agent)
+    check_killed_run(took, err, tmp_path)
+
+
 @pytest.mark.slow
 def test_twenty_killed_ranks(tmp_path, long_latents):
     """20 runs with a rank killed at a random point of its decode: none hangs, none leaves a file."""
