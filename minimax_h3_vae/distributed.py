@@ -194,8 +194,9 @@ def stopped_ranks() -> list[int]:
 
 def outlive_local_ranks(timeout: float) -> None:
     """Wait, at most `timeout` seconds, until every other rank of this host has ended. The rank that reported a
-    rank lost stays running meanwhile: a rank that meets the broken group later would otherwise find it ended
-    too, take itself for the lowest running rank and report again, naming it. No process group: returns."""
+    failure stays running meanwhile: a rank that meets the failure later (torchrun's SIGTERM, the broken group)
+    would otherwise find it ended, take itself for the lowest running rank and report again. No process group:
+    returns at once."""
     if _peers is None:
         return
     host, me = socket.gethostname(), os.getpid()

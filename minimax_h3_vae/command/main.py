@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None, started: float = 0.0) -> int:
             traceback.print_exc(file=Diagnostics())
         if ranks == 1 or distributed.reports_failures():  # under torchrun: once, by the lowest running rank
             (watchdog.say_once if watchdog is not None else say)(line)
-            if isinstance(error, distributed.RankLost):
+            if ranks > 1:
                 distributed.outlive_local_ranks(Watchdog.OUTLIVE)
         Ended.note(code)
         return code

@@ -60,8 +60,9 @@ class Watchdog:
 
     GRACE = 2.0  # seconds: the main thread's own unwinding takes milliseconds
     POLL = 0.25
-    # The rank that reports a lost rank waits this long at most for this host's other ranks to end: each ends
-    # within GRACE and a poll of meeting the broken group (`distributed.outlive_local_ranks`).
+    # The rank that reports a failure waits this long at most for this host's other ranks to end (each ends
+    # within GRACE and a poll of meeting it, torchrun's SIGTERM or the broken group), so that none of them takes
+    # it for stopped and reports again (`distributed.outlive_local_ranks`).
     OUTLIVE = GRACE + 4 * POLL
     COMMIT_WAIT = 10.0  # at most, for the fsync and rename of a finished output (torchrun kills at 30 s)
 
@@ -109,9 +110,9 @@ class Watchdog:
             if stopped_by is not None and now - since > self.GRACE:
                 self._end(describe(Stopped(stopped_by)))
             if waiting is not None and now - waiting > self.GRACE and distributed.stopped_ranks():
-                self._end(describe(distributed.RankLost()), outlive=True)
+                self._end(describe(distributed.RankLost()))
 
-    def _end(self, described: tuple[int, str], outlive: bool = False) -> None:
+    def _end(self, described: tuple[int, str]) -> None:
         code, line = described
         self._commit.acquire(timeout=self.COMMIT_WAIT)  # a commit in progress finishes first
         for cleanup in self.cleanups:
@@ -121,7 +122,6 @@ class Watchdog:
                 pass
         if distributed.reports_failures():
             self.say_once(line)
-            if outlive:
-                distributed.outlive_local_ranks(self.OUTLIVE)
+            distributed.outlive_local_ranks(self.OUTLIVE)
         Diagnostics().flush()
         os._exit(code)
