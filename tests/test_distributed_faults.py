@@ -203,16 +203,22 @@ def test_a_ranks_failure_is_one_line_from_rank_0(tmp_path):
 # ---- a rank killed, or blocked, mid-decode -------------------------------------------------------------------------
 
 
-def kill_a_rank(latents: Path, folder: Path, ranks: int) -> tuple[float, str]:
+def kill_a_rank(latents: Path, folder: Path, ranks: int, held: int | None = None) -> tuple[float, str]:
     """The command on `ranks` ranks; once rank 0's temporary file exists, rank 1 is stopped where it is and
-    killed (kill -9). Returns the seconds from the kill to torchrun's end, and its stderr."""
+    killed (kill -9); rank `held`, if given, is stopped (SIGSTOP) with it and let go 2.5 s after the kill.
+    Returns the seconds from the kill to torchrun's end, and its stderr."""
     agent = torchrun(*command_args(latents, folder / "out.safetensors"), ranks=ranks, module=True, wait=False)
     try:
         pids = rank_pids(agent, ranks)
         assert wait_for(lambda: any(".part" in p.name for p in folder.iterdir()), 60), "rank 0 never opened OUT"
+        if held is not None:
+            os.kill(pids[held], signal.SIGSTOP)
         os.kill(pids[1], signal.SIGSTOP)  # somewhere in its decode: rank 0 is inside the decode too
         os.kill(pids[1], signal.SIGKILL)
         killed = time.monotonic()
+        if held is not None:
+            time.sleep(2.5)
+            os.kill(pids[held], signal.SIGCONT)
         _, err = agent.communicate(timeout=60)
         return time.monotonic() - killed, err
     finally:
@@ -241,21 +247,7 @@ def test_a_rank_that_meets_the_loss_late_says_nothing(tmp_path, long_latents):
     printed a second line. Here rank 2 is held (SIGSTOP) while rank 1 is killed and released 2.5 s later, after
     rank 0 has reported: still one line, from rank 0, naming rank 1 (the reporter outlives this host's other
     ranks, 3 s at most)."""
-    agent = torchrun(*command_args(long_latents, tmp_path / "out.safetensors"), ranks=3, module=True, wait=False)
-    try:
-        pids = rank_pids(agent, 3)
-        assert wait_for(lambda: any(".part" in p.name for p in tmp_path.iterdir()), 60), "rank 0 never opened OUT"
-        os.kill(pids[2], signal.SIGSTOP)
-        os.kill(pids[1], signal.SIGSTOP)
-        os.kill(pids[1], signal.SIGKILL)
-        killed = time.monotonic()
-        time.sleep(2.5)
-        os.kill(pids[2], signal.SIGCONT)
-        _, err = agent.communicate(timeout=60)
-        took = time.monotonic() - killed
-    finally:
-        if agent.poll() is None:
-            end_launch(agent)
+    took, err = kill_a_rank(long_latents, tmp_path, ranks=3, held=2)
     check_killed_run(took, err, tmp_path)
 
 
