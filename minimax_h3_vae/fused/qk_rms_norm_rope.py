@@ -14,17 +14,21 @@ from ._triton_utils import (
     built_for_interpreter,
     inv_rms,
     to_dtype,
+    torch_add_squares,
     torch_inv_rms,
     torch_order_problem,
     torch_row_order,
-    torch_sum_of_squares,
+    torch_tree_sum,
 )
 
 __all__ = ["launch", "model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_reference", "unsupported"]
 
 MAX_HEAD_DIM = 256
-# Elements of one (tokens x head_dim) tile per program.
+# Elements of one (tokens x head_dim) tile per program: the fast kernel's (its bits depend on the tile's layout),
+# and the exact one's, whose bits do not (0.31 ms against 0.51 at 2048 for the released qkv on an H200;
+# benchmarks/LOG.md, 2026-12-04-qk-one-read).
 _TILE = 2048
+_TILE_TORCH_ORDER = 4096
 
 
 @triton.jit
@@ -42,7 +46,6 @@ def _norm_rope(
     dtype: tl.constexpr,
     THREADS: tl.constexpr,
     WARPS: tl.constexpr,
-    VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
     TORCH_ORDER: tl.constexpr,
@@ -54,14 +57,15 @@ def _norm_rope(
     Triton's), the norm rounded to `dtype`, then each product and their sum rounded to `dtype` as torch's
     half-precision ops do. cos, sin: already rounded to `dtype`, float32, sin negated on the first rotary half.
     """
-    if TORCH_ORDER:
-        scale = torch_inv_rms(
-            torch_sum_of_squares(row_ptrs, HEAD_DIM, mask, BLOCK_S, THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS),
-            HEAD_DIM,
-            eps,
-        )[:, None]
     x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0).to(tl.float32)
-    if not TORCH_ORDER:
+    if TORCH_ORDER:
+        # A head (at most MAX_HEAD_DIM values, under torch's 128 threads x 4) is at most one vector per torch
+        # thread, so its squares are summed from the tile as loaded: thread t's vector is columns 4t..4t+3.
+        vectors = tl.reshape(x, (BLOCK_S, THREADS, 4))
+        acc = torch_add_squares(vectors, tl.zeros((BLOCK_S, THREADS), dtype=tl.float32), BLOCK_S, THREADS)
+        scale = torch_inv_rms(torch_tree_sum(acc, BLOCK_S, THREADS, WARPS, LANE_STEPS, WARP_STEPS), HEAD_DIM, eps)
+        scale = scale[:, None]
+    else:
         scale = inv_rms(x, HEAD_DIM, eps)[:, None]
     # Each column's NeoX partner, loaded again rather than permuted in registers; it is in cache.
     x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -91,7 +95,6 @@ def _qk_rms_norm_rope_kernel(
     BLOCK_S: tl.constexpr,
     THREADS: tl.constexpr,
     WARPS: tl.constexpr,
-    VECTORS: tl.constexpr,
     LANE_STEPS: tl.constexpr,
     WARP_STEPS: tl.constexpr,
     TORCH_ORDER: tl.constexpr,
@@ -122,12 +125,12 @@ def _qk_rms_norm_rope_kernel(
     out = ((batch.to(tl.int64) * seq_len + tokens) * tl.num_programs(1) + head) * HEAD_DIM + dims[None, :]
     q = _norm_rope(
         q_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
-        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
+        THREADS, WARPS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
     )  # fmt: skip
     tl.store(q_ptr + out, q, mask=mask)
     k = _norm_rope(
         k_row, dims, partner, mask, cos, sin, is_rotary, eps, HEAD_DIM, BLOCK_S, dtype,
-        THREADS, WARPS, VECTORS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
+        THREADS, WARPS, LANE_STEPS, WARP_STEPS, TORCH_ORDER,
     )  # fmt: skip
     tl.store(k_ptr + out, k, mask=mask)
 
@@ -218,7 +221,8 @@ def launch(
     k = torch.empty_like(q)
     if q.numel() == 0:
         return q, k, v
-    block_s = max(1, _TILE // head_dim)
+    block_s = max(1, (_TILE_TORCH_ORDER if torch_order else _TILE) // head_dim)
+    order = torch_row_order(head_dim if torch_order else 4)  # VECTORS is 1: a head is one row of vectors
     _qk_rms_norm_rope_kernel[(triton.cdiv(seq, block_s), num_heads, batch)](
         qkv,
         cos,
@@ -237,7 +241,10 @@ def launch(
         ROTARY_DIM=cos.shape[-1],
         BLOCK_S=block_s,
         num_warps=4,
-        **torch_row_order(head_dim if torch_order else 4),
+        THREADS=order["THREADS"],
+        WARPS=order["WARPS"],
+        LANE_STEPS=order["LANE_STEPS"],
+        WARP_STEPS=order["WARP_STEPS"],
         TORCH_ORDER=torch_order,
         **NO_FMA,
     )
