@@ -170,6 +170,32 @@ def test_qk_rms_norm_rope_matches_reference(device, dtype, head_dim, rotary):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [4, 8, 16, 32, 64, 128, 256])
+def test_qk_rms_norm_rope_exact_is_the_eager_op(device, dtype, head_dim):
+    """The exact kernel sums each head's squares in torch's order from the tile it loaded: for every head size
+    (1 to 64 torch threads, one or two warps) on CUDA the eager op's values bit for bit, strided qkv as above.
+    The interpreter has no CUDA rsqrt: there, within the fast kernel's tolerance."""
+    batch, seq, heads, rotary = 2, 37, 3, max(2, head_dim * 3 // 4 // 2 * 2)
+    width = 3 * heads * head_dim
+    buffer = 3 * randn(batch, seq + 2, width + 16, dtype=dtype, device=device)
+    qkv = buffer[:, 1 : seq + 1, 8 : 8 + width]
+    angles = (2 * math.pi * torch.rand(seq, rotary // 2, generator=torch.Generator().manual_seed(1))).repeat(1, 2)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
+    cos, sin = table[:, :rotary], table[:, rotary:]
+
+    launches = {}
+    q, k, _ = kernel_module("qk_rms_norm_rope_exact").qk_rms_norm_rope(qkv, cos, sin, heads, EPS, launches=launches)
+    assert launches == {"qk_rms_norm_rope_exact": 1}
+    expected_q, expected_k, _ = qk_rms_norm_rope_reference(qkv, cos, sin, heads, EPS)
+    for got, want in ((q, expected_q), (k, expected_k)):
+        if got.is_cuda:
+            assert torch.equal(got, want), f"{(got != want).sum().item()} values differ"
+        else:
+            assert_rope_matches(got, want, head_dim)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_matches_reference_on_strided_rows(device, dtype):
     """37 rows of [gate | value] halves of 2500 (the last column block part empty), inside a wider buffer.
 
