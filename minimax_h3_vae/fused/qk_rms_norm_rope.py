@@ -25,8 +25,7 @@ __all__ = ["launch", "model_call", "qk_rms_norm_rope", "qk_rms_norm_rope_referen
 
 MAX_HEAD_DIM = 256
 # Elements of one (tokens x head_dim) tile per program: the fast kernel's (its bits depend on the tile's layout),
-# and the exact one's, whose bits do not (0.31 ms against 0.51 at 2048 for the released qkv on an H200;
-# benchmarks/LOG.md, 2026-12-04-exact-costs).
+# and the exact one's, whose bits do not and which was fastest at 4096 (benchmarks/LOG.md, 2026-12-04-exact-costs).
 _TILE = 2048
 _TILE_TORCH_ORDER = 4096
 
