@@ -8,6 +8,7 @@ ComfyUI (nodes.py at commit 01094316) named the module after the folder alone.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -52,11 +53,16 @@ print(json.dumps({
 
 def load_like_comfyui(folder: Path, preloaded: bool = False, old_naming: bool = False) -> dict:
     loader = "old" if old_naming else "bd34f338"
+    # The child runs in ComfyUI's folder: a relative PYTHONPATH entry (a checkout run as `PYTHONPATH=.` rather than
+    # installed) is made absolute, so the installed package stays importable there, as an install makes it.
+    paths = [str(Path(entry).resolve()) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)} if paths else None
     result = subprocess.run(
         [sys.executable, "-c", LOAD_LIKE_COMFYUI, str(folder), "preloaded" if preloaded else "fresh", loader],
         capture_output=True,
         text=True,
         cwd=folder.parents[1],  # ComfyUI's own folder, where main.py runs
+        env=env,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
