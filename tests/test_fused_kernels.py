@@ -139,6 +139,18 @@ def test_scale_add_without_norm_weight_only_adds(device):
     torch.testing.assert_close(residual, expected, rtol=0, atol=0)
 
 
+def strided_qkv_and_table(batch, seq, heads, head_dim, rotary, dtype, device, scale=1.0):
+    """(buffer, qkv, cos, sin): qkv (batch, seq, 3 * heads * head_dim) a window of a wider `buffer` (offset,
+    padded rows, padded tokens), values `scale` x N(0, 1); cos, sin (seq, rotary) column slices of one (seq,
+    2 * rotary) table of random angles. Every stride the QK kernels take differs from the contiguous one."""
+    width = 3 * heads * head_dim
+    buffer = scale * randn(batch, seq + 2, width + 16, dtype=dtype, device=device)
+    qkv = buffer[:, 1 : seq + 1, 8 : 8 + width]
+    angles = (2 * math.pi * torch.rand(seq, rotary // 2, generator=torch.Generator().manual_seed(1))).repeat(1, 2)
+    table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
+    return buffer, qkv, table[:, :rotary], table[:, rotary:]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim, rotary", [(64, 48), (32, 32), (16, 4)])
@@ -149,12 +161,7 @@ def test_qk_rms_norm_rope_matches_reference(device, dtype, head_dim, rotary):
     (S, 2R) table: every stride the kernel takes differs from the contiguous one.
     """
     batch, seq, heads = 2, 37, 3
-    width = 3 * heads * head_dim
-    buffer = randn(batch, seq + 2, width + 16, dtype=dtype, device=device)
-    qkv = buffer[:, 1 : seq + 1, 8 : 8 + width]
-    angles = (2 * math.pi * torch.rand(seq, rotary // 2, generator=torch.Generator().manual_seed(1))).repeat(1, 2)
-    table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
-    cos, sin = table[:, :rotary], table[:, rotary:]
+    buffer, qkv, cos, sin = strided_qkv_and_table(batch, seq, heads, head_dim, rotary, dtype, device)
 
     launches = {}  # counted by the launcher, after its launch
     q, k, v = qk_rms_norm_rope(qkv, cos, sin, heads, EPS, launches=launches)
@@ -176,13 +183,8 @@ def test_qk_rms_norm_rope_exact_is_the_eager_op(device, dtype, head_dim):
     (1 to 64 torch threads, one or two warps) on CUDA the eager op's values bit for bit, strided qkv as above
     (with Triton's order instead, 10 of the 21 CUDA cases fail). The interpreter's rsqrt is not CUDA's: there,
     within the fast kernel's tolerance."""
-    batch, seq, heads, rotary = 2, 37, 3, max(2, head_dim * 3 // 4 // 2 * 2)
-    width = 3 * heads * head_dim
-    buffer = 3 * randn(batch, seq + 2, width + 16, dtype=dtype, device=device)
-    qkv = buffer[:, 1 : seq + 1, 8 : 8 + width]
-    angles = (2 * math.pi * torch.rand(seq, rotary // 2, generator=torch.Generator().manual_seed(1))).repeat(1, 2)
-    table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
-    cos, sin = table[:, :rotary], table[:, rotary:]
+    heads, rotary = 3, max(2, head_dim * 3 // 4 // 2 * 2)
+    _, qkv, cos, sin = strided_qkv_and_table(2, 37, heads, head_dim, rotary, dtype, device, scale=3.0)
 
     launches = {}
     q, k, _ = kernel_module("qk_rms_norm_rope_exact").qk_rms_norm_rope(qkv, cos, sin, heads, EPS, launches=launches)
