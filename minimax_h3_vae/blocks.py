@@ -213,9 +213,10 @@ class DecoderBlock(nn.Module):
         # q and k may come with their head dims in an order of the op's own (the same for both): the scores
         # q . k, all that attention reads of them, do not change.
         o = ops.attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
-        # The release zeroes NaN attention outputs (an fp16 overflow in a row must not spread). In place on
-        # the (B, S, H*D) layout, which the attention backends write contiguously: one vectorised pass.
-        o = o.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        # The release scrubs attention outputs as `nan_to_num(0.0)` does: NaN to 0, +-inf to the dtype's
+        # largest finite values (an fp16 overflow in a row must not spread). In place on the (B, S, H*D)
+        # layout, which the attention backends write contiguously: one vectorised pass.
+        o = o.nan_to_num_(nan=0.0)
         o = self.attn.to_out(o)
         residual, normed = ops.scale_add_rms_norm(residual, o, self.scale1, self.norm2.weight, self.eps, compute_dtype)
         y = self.ff.w2(ops.linear_silu_mul(normed, self.ff.w1.weight, self.ff.w1.bias))

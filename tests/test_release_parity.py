@@ -10,6 +10,8 @@ and the release's batch decode only at one thread (docs/decoder.md section 10).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from checkpoints import random_diffusers_vae, write_original
@@ -141,6 +143,29 @@ def test_wider_rotary_tables_are_the_release(tmp_path, head_dim, device):
     assert torch.equal(load(folder, device).decode(z.to(device)).cpu(), release)
 
 
+def overflowing_attention(root) -> Path:
+    """The original layout of a VAE whose first block's attention outputs +inf in one channel: that channel's v
+    is +inf for every token (its to_v row zero, its bias inf, as an overflow of to_qkv leaves it), and to_out
+    reads nothing of it (its weight column zero). The release replaces inf in attention outputs by the dtype's
+    largest value, so the channel adds `largest * 0 = 0` and the decode stays finite; a scrub that left inf
+    would give `inf * 0 = NaN` everywhere after it."""
+    vae = random_diffusers_vae(seed=6)
+    attn, channel = vae.decoder.transformer_blocks[0].attn, 5
+    with torch.no_grad():
+        attn.to_v.weight[channel] = 0.0
+        attn.to_v.bias[channel] = float("inf")
+        attn.to_out[0].weight[:, channel] = 0.0
+    return write_original(root, vae)
+
+
+def test_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_path, device):
+    folder = overflowing_attention(tmp_path)
+    z = latents(1, 24, 3, 2, 3, seed=6)
+    release = release_decode(release_vae(folder), z, device)
+    assert release.isfinite().all()
+    assert_same(load(folder, device).decode(z.to(device)).cpu(), release)
+
+
 # ---- the fp16 recipe: the release's eager decode under fp16 autocast, on CUDA ------------------------------------
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the release's fp16 autocast needs a CUDA GPU")
@@ -157,11 +182,15 @@ def expected_fp16(release):
     def decode(z: torch.Tensor) -> torch.Tensor:
         key = (tuple(z.shape), z.numpy().tobytes())
         if key not in outputs:
-            with torch.no_grad(), torch.autocast("cuda", torch.float16):
-                outputs[key] = release.to("cuda").decode_base(z.to("cuda")).float().cpu()
+            outputs[key] = release_decode_fp16(release, z)
         return outputs[key]
 
     return decode
+
+
+def release_decode_fp16(vae, z: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad(), torch.autocast("cuda", torch.float16):
+        return vae.to("cuda").decode_base(z.to("cuda")).float().cpu()
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +259,22 @@ def test_fp16_the_two_chunk_stream_is_the_release_autocast_decode(expected_fp16,
     chunks = [chunk.cpu() for chunk in decoder.decode_stream(z.to("cuda"))]
     assert len(chunks) == 2
     assert_same(torch.cat(chunks, dim=2), expected_fp16(z))
+
+
+@cuda_only
+@pytest.mark.parametrize("path", [*FP16_PATHS, dict(fused=True)], ids=[*FP16_IDS, "fused-default"])
+def test_fp16_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_path, path):
+    """The overflow of `overflowing_attention` under fp16 autocast: the exact paths give the release's bits, and
+    the default fused path, within fp16 noise of them, stays as finite as they are."""
+    folder = overflowing_attention(tmp_path)
+    z = latents(1, 24, 3, 2, 3, seed=6)
+    release = release_decode_fp16(release_vae(folder), z)
+    assert release.isfinite().all()
+    out = H3VideoDecoder.from_pretrained(folder, device="cuda", dtype="fp16", **path).decode(z.to("cuda")).cpu()
+    if path.get("exact") or not path["fused"]:
+        assert_same(out, release)
+    else:
+        assert out.isfinite().all()
 
 
 @cuda_only
