@@ -125,7 +125,7 @@ def launch(
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if n_rows == 0:
         return out
-    grid, meta = row_launch(n_rows, n_cols)
+    grid, meta = row_launch(n_rows, n_cols, torch_order)
     order = torch_row_order(n_cols if torch_order else 4)
     _rms_norm_kernel[grid](
         rows, weight, out, n_rows, n_cols, rows.stride(0), float(eps), **meta, **order, TORCH_ORDER=torch_order,

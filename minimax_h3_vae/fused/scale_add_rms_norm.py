@@ -172,7 +172,7 @@ def launch(
     normed = torch.empty(residual.shape, dtype=out_dtype, device=residual.device) if norm else None
     if n_rows == 0:
         return residual, normed
-    grid, meta = row_launch(n_rows, n_cols)
+    grid, meta = row_launch(n_rows, n_cols, torch_order)
     _scale_add_rms_norm_kernel[grid](
         res_rows,
         y_rows,
