@@ -10,9 +10,9 @@ def row_launch(n_rows: int, n_cols: int, torch_order: bool = False) -> tuple[tup
     """(grid, meta) of a kernel that holds whole rows, launched `kernel[grid](..., **meta)`: meta's BLOCK_C
     covers the row, and short rows are packed BLOCK_R to a program so that each program still moves about
     4096 elements (num_warps: 8 from 4096 columns). A kernel that sums in torch's order (`torch_order`) gets
-    one row per program, as torch's kernel has: its per-thread sums and halving trees over two rows made the
-    exact residual norm 1.27x the fast kernel's time at the released width, over one row 1.00x (H200;
-    benchmarks/LOG.md, 2026-12-04-exact-one-row)."""
+    one row per program, as torch's kernel has: its per-thread sums and halving trees over several rows cost
+    more than the row's loads, over one row about what the fast kernel's reduction costs (benchmarks/LOG.md,
+    2026-12-04-exact-one-row)."""
     block_c = triton.next_power_of_2(n_cols)
     block_r = 1 if torch_order else max(1, 4096 // block_c)
     return (triton.cdiv(n_rows, block_r),), {
