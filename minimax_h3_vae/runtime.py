@@ -97,7 +97,8 @@ class DecodeOptions:
     attention: "auto", "sdpa" or "fa4", the fused fp16 path's attention (`resolve_attention`; auto: fa4 where
     it runs). exact: True / False, whether the output is bit for bit the release's decode (fp32: its float32
     decode; fp16: its eager decode under fp16 autocast) on the fused path too, which then runs only the
-    kernels that keep every rounding (and cuBLAS and SDPA, not quack or flash-attn-4); the eager path always is.
+    kernels that keep every rounding (SDPA, not flash-attn-4; of quack's GEMMs only w1's, whose epilogue rounds as
+    the release does); the eager path always is.
     """
 
     device: str | torch.device | None = None
@@ -142,7 +143,7 @@ def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.dev
         device,
         dtype,
         use_fused,
-        resolve_gemm(options.gemm, device, dtype, use_fused, options.exact),
+        resolve_gemm(options.gemm, device, dtype, use_fused),
         resolve_attention(options.attention, device, dtype, use_fused, options.exact),
     )
 
@@ -178,7 +179,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
 def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtime:
     """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it and decided as
     `resolve` decides it (a change of `fused` or `exact` chooses the kernels again, with runtime's gemm and
-    attention; exact=True where they are quack or flash-attn-4 is a ValueError).
+    attention; exact=True where the attention is flash-attn-4 is a ValueError).
     None means what it means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank);
     tiling and attention_backends need a value. The options that place the weights (device, dtype, offload,
     max_gpu_memory) are fixed at load: asking for them here is a ValueError, as is a name that is no option
@@ -197,10 +198,10 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     if "fused" in checked:
         checked["fused"] = resolve_fused(checked["fused"], runtime.device)
     r = dataclasses.replace(runtime, **checked)
-    if r.exact and not runtime.exact and (r.gemm, r.attention) != ("cublas", "sdpa"):
+    if r.exact and not runtime.exact and r.attention != "sdpa":
         raise ValueError(
-            f"exact=True: this decoder was loaded with gemm={r.gemm!r} and attention={r.attention!r}, which are "
-            "not bit for bit the release's; load it with exact=True (or gemm='cublas', attention='sdpa')"
+            f"exact=True: this decoder was loaded with attention={r.attention!r}, which is not bit for bit the "
+            "release's; load it with exact=True (or attention='sdpa')"
         )
     if (r.fused, r.exact) != (runtime.fused, runtime.exact):
         r = dataclasses.replace(
@@ -384,17 +385,18 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
     return _check_dtype(dtype)
 
 
-def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool, exact: bool = False) -> str:
+def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused: bool) -> str:
     """The fused path's GEMM backend. "quack" runs where every part of it can: the fused path, the fp16
     recipe, a Hopper GPU (compute capability 9.0, where it was measured) and quack-kernels with NVIDIA's
-    CuTe DSL installed, and not `exact` (its epilogues round once where the release rounds twice). "auto"
-    picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a ValueError naming what is
-    missing. Nothing is imported here: quack's import (8-17 s on an H200) happens at load, beside the
-    weights."""
+    CuTe DSL installed. With exact=True it runs only where it keeps the release's bits (w1 with the gate, in
+    an epilogue that rounds as the release does; docs/kernels.md), the other ops as exact=True runs them
+    without it. "auto" picks it there and cuBLAS elsewhere; an explicit "quack" anywhere else is a
+    ValueError naming what is missing. Nothing is imported here: quack's import (8-17 s on an H200) happens
+    at load, beside the weights."""
 
     def problem():
         needs = "quack-kernels and NVIDIA's CuTe DSL"
-        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs, exact)
+        return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs)
 
     return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
 

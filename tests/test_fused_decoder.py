@@ -60,6 +60,7 @@ def test_fused_fp32_matches_eager_and_runs_every_kernel(layouts, latents):
         "silu_mul": 2,
         "tf32x3_linear": 1,
         "linear_silu_mul": 0,  # quack's, for gemm="quack" only
+        "linear_silu_mul_exact": 0,
         "linear_qk_rms_norm_rope": 0,
         "fp16x3_linear": 0,
         "flash_attention": 0,  # flash-attn-4's, for attention="fa4" only

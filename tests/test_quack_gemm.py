@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
-from minimax_h3_vae.fused import quack_common
+from minimax_h3_vae.fused import linear_silu_mul_exact as exact_op
+from minimax_h3_vae.fused import quack_common, registry
 from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
 from minimax_h3_vae.rope import rotary_table, token_positions
 from minimax_h3_vae.runtime import resolve_gemm
@@ -410,5 +411,59 @@ def test_load_builds_quack_beside_the_weights(layouts):
     decode."""
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
     after = decoder.launch_counts()
-    kernels = fused.QUACK_KERNELS  # each counts its launches under its module's name
+    # each counts its launches under its module's name; the exact one is for exact=True only
+    kernels = tuple(k.module for k in registry.KERNELS if k.option == ("gemm", "quack") and not k.exact)
+    assert {name: after[name] for name in fused.QUACK_KERNELS if name not in kernels} == {"linear_silu_mul_exact": 0}
     assert {name: after[name] for name in kernels} == dict.fromkeys(kernels, 1)
+
+
+# ---- the exact kernel: w1 and the gate with the release's roundings --------------------------------------------
+
+
+def assert_same_bits(out: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bit for bit, a NaN equal to any NaN (the gate of a NaN is NaN either way)."""
+    nan = out.isnan() & want.isnan()
+    differ = (out.view(torch.int16) != want.view(torch.int16)) & ~nan
+    assert not differ.any(), f"{int(differ.sum())} of {out.numel()} values differ"
+
+
+@needs_quack
+def test_exact_kernel_is_the_eager_gate_on_every_fp16_value():
+    """w1 zero, so its output is the bias: the gate takes each of the 65,536 fp16 values (NaN, infinities and
+    subnormals included) beside random values, and the epilogue's rounding, exp and division give the eager
+    op's bits on every one."""
+    n = 65536
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gate = torch.arange(n, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.float16)
+    bias = torch.cat([gate, torch.randn(n, device="cuda", generator=g).half()])
+    weight = torch.zeros(2 * n, 64, dtype=torch.float16, device="cuda")
+    x = torch.randn(4, 64, device="cuda", generator=g).half()
+    launches = {}
+    out = exact_op.linear_silu_mul(x, weight, bias, launches=launches)
+    assert launches == {"linear_silu_mul_exact": 1}
+    assert_same_bits(out, blocks.linear_silu_mul(x, weight, bias))
+
+
+@needs_quack
+@pytest.mark.parametrize(
+    ("rows", "k", "f"),
+    [(28 * 1797, 2048, 8192), (1797, 2048, 8192), (2 * 1797 + 5, 2048, 8192), (3 * 1797, 128, 512), (37, 64, 24)],
+)
+def test_exact_kernel_is_the_eager_op(rows, k, f):
+    """Random weights at the released w1 (28 tiles, one tile, an odd row count) and at the test models' sizes:
+    the GEMM sums as cuBLAS's does there, so the whole op is the eager one's bits."""
+    g = torch.Generator(device="cuda").manual_seed(rows + k)
+    x = torch.randn(rows, k, device="cuda", generator=g).half()
+    weight = (torch.randn(2 * f, k, device="cuda", generator=g) / k**0.5).half()
+    bias = (torch.randn(2 * f, device="cuda", generator=g) * 0.1).half()
+    assert_same_bits(exact_op.linear_silu_mul(x, weight, bias), blocks.linear_silu_mul(x, weight, bias))
+
+
+def test_exact_kernel_refuses_what_it_cannot_round_as_the_release():
+    """bf16 (the release's recipe is fp16) and a missing bias (the epilogue adds it before the first rounding)."""
+    x, weight = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(48, 64, dtype=torch.bfloat16)
+    assert exact_op.unsupported(x, weight, torch.zeros(48, dtype=torch.bfloat16)) is not None
+    if HOPPER and QUACK:
+        x, weight = x.half().cuda(), weight.half().cuda()
+        assert "must be float16" in exact_op.unsupported(x.bfloat16(), weight.bfloat16(), None)
+        assert "bias must be a tensor" in exact_op.unsupported(x, weight, None)

@@ -17,7 +17,7 @@ import torch
 from checkpoints import random_diffusers_vae, write_original
 from release_code import release_folder, release_vae
 
-from minimax_h3_vae import H3VideoDecoder
+from minimax_h3_vae import H3VideoDecoder, fused
 
 DEVICES = [
     "cpu",
@@ -169,9 +169,18 @@ def test_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_path, de
 # ---- the fp16 recipe: the release's eager decode under fp16 autocast, on CUDA ------------------------------------
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the release's fp16 autocast needs a CUDA GPU")
-# The fp16 paths that give the release's bits: the eager ops, and the fused path with exact=True.
-FP16_PATHS = [dict(fused=False), dict(fused=True, exact=True)]
-FP16_IDS = ["eager", "fused-exact"]
+HOPPER_EXTRA = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and fused.quack_installed()
+# The fp16 paths that give the release's bits: the eager ops, and the fused path with exact=True, with cuBLAS's
+# GEMMs and with quack's (w1 and the gate in one epilogue; where the hopper extra runs).
+FP16_PATHS = [
+    dict(fused=False),
+    dict(fused=True, exact=True, gemm="cublas"),
+    pytest.param(
+        dict(fused=True, exact=True, gemm="quack"),
+        marks=pytest.mark.skipif(not HOPPER_EXTRA, reason="needs a Hopper GPU with the hopper extra"),
+    ),
+]
+FP16_IDS = ["eager", "fused-exact", "fused-exact-quack"]
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +207,13 @@ def ours_fp16(layouts):
     """ours_fp16(layout, z, offload="none", **options): this package's fp16 decode of z on CUDA."""
     decoders = {}
 
-    def decode(layout: str, z: torch.Tensor, offload: str = "none", exact: bool = False, **options) -> torch.Tensor:
-        key = layout, offload, exact
-        if key not in decoders:  # exact=True loads cuBLAS and SDPA where the hopper extra would take its kernels
+    def decode(
+        layout: str, z: torch.Tensor, offload: str = "none", exact: bool = False, gemm: str = "auto", **options
+    ) -> torch.Tensor:
+        key = layout, offload, exact, gemm
+        if key not in decoders:  # exact=True loads SDPA where the hopper extra would take flash-attn-4
             decoders[key] = H3VideoDecoder.from_pretrained(
-                layouts[layout], device="cuda", dtype="fp16", offload=offload, exact=exact
+                layouts[layout], device="cuda", dtype="fp16", offload=offload, exact=exact, gemm=gemm
             )
         return decoders[key].decode(z.to("cuda"), **options).cpu()
 
@@ -278,15 +289,17 @@ def test_fp16_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_pat
 
 
 @cuda_only
-def test_fp16_fused_exact_runs_its_kernels(layouts):
-    """exact=True on the fused path launches the exact kernels (the norms summed in torch's order, the gate),
-    not the default's norms or proj_out's tf32x3."""
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", exact=True)
-    assert decoder.runtime.fused and decoder.runtime.exact
+@pytest.mark.parametrize("path", FP16_PATHS[1:], ids=FP16_IDS[1:])
+def test_fp16_fused_exact_runs_its_kernels(layouts, path):
+    """exact=True on the fused path launches the exact kernels (the norms summed in torch's order, the gate, or
+    with quack's GEMMs w1 and the gate in one), not the default's norms or proj_out's tf32x3."""
+    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", **path)
+    assert decoder.runtime.fused and decoder.runtime.exact and decoder.runtime.gemm == path["gemm"]
     before = decoder.launch_counts()
     decoder.decode(latents(1, 24, 3, 2, 3).to("cuda"))
     ran = {name for name, count in decoder.launch_counts().items() if count > before[name]}
-    assert ran == {"rms_norm_exact", "scale_add_rms_norm_exact", "qk_rms_norm_rope_exact", "silu_mul"}
+    gate = "linear_silu_mul_exact" if path["gemm"] == "quack" else "silu_mul"
+    assert ran == {"rms_norm_exact", "scale_add_rms_norm_exact", "qk_rms_norm_rope_exact", gate}
 
 
 @cuda_only

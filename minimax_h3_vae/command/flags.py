@@ -161,7 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--exact",
         action="store_true",
         help="bit for bit the release's decode (fp16: its eager fp16-autocast decode) on the fused path too: "
-        "only the kernels that keep every rounding, with cuBLAS and SDPA",
+        "only the kernels that keep every rounding, with SDPA (and of quack's GEMMs only w1's)",
     )
     parser.add_argument(
         "--offload",

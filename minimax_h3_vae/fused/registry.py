@@ -54,6 +54,7 @@ KERNELS = (
     Kernel("linear_fp32", "fp16x3", "fp16x3_linear", option=("gemm", "quack")),
     Kernel("linear_fp32", "tf32x3", "tf32x3_linear"),
     Kernel("linear_silu_mul", "quack", "linear_silu_mul", option=("gemm", "quack")),
+    Kernel("linear_silu_mul", "quack-exact", "linear_silu_mul_exact", option=("gemm", "quack"), exact=True),
     Kernel("linear_silu_mul", "cublas+triton", after="silu_mul", exact=True),
     Kernel("linear_qk_rms_norm_rope", "quack", "linear_qk_rms_norm_rope", option=("gemm", "quack")),
     Kernel("linear_qk_rms_norm_rope", "cublas+triton", after="qk_rms_norm_rope", exact=True),
