@@ -146,3 +146,12 @@ def test_the_command_with_the_hopper_kernel_writes_what_the_api_decodes(option, 
     assert option.said in err
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], **{option.name: option.hopper}, **option.other)
     assert torch.equal(load_file(str(out))["video"], to_uint8_frames(decoder.decode(z)).cpu())
+
+
+def test_exact_per_call_refuses_flash_attention_4_alone():
+    """A decoder loaded with fa4 cannot give the release's bits per call (its attention is not torch's SDPA);
+    one loaded with quack's GEMMs can (exact=True takes its exact w1 line, the rest as with cuBLAS)."""
+    config = H3DecoderConfig()
+    with pytest.raises(ValueError, match="loaded with attention='fa4', which is not bit for bit the release's"):
+        resolve_call(Runtime(attention="fa4"), config, exact=True)
+    assert resolve_call(Runtime(gemm="quack"), config, exact=True).exact
