@@ -20,7 +20,12 @@ from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
 from minimax_h3_vae.fused import linear_silu_mul_exact as exact_op
 from minimax_h3_vae.fused import quack_common, registry
-from minimax_h3_vae.fused.linear_silu_mul import linear_silu_mul, linear_silu_mul_reference, unsupported
+from minimax_h3_vae.fused.linear_silu_mul import (
+    exact_problem,
+    linear_silu_mul,
+    linear_silu_mul_reference,
+    unsupported,
+)
 from minimax_h3_vae.rope import rotary_table, token_positions
 from minimax_h3_vae.runtime import resolve_gemm
 
@@ -460,10 +465,14 @@ def test_exact_kernel_is_the_eager_op(rows, k, f):
 
 
 def test_exact_kernel_refuses_what_it_cannot_round_as_the_release():
-    """bf16 (the release's recipe is fp16) and a missing bias (the epilogue adds it before the first rounding)."""
-    x, weight = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(48, 64, dtype=torch.bfloat16)
-    assert exact_op.unsupported(x, weight, torch.zeros(48, dtype=torch.bfloat16)) is not None
+    """bf16 (the release's recipe is fp16) and a missing bias (the epilogue adds it before the first rounding):
+    the exact variant's own check names each, and its `unsupported` passes them on where quack runs."""
+    x, weight = torch.zeros(2, 64, dtype=torch.float16), torch.zeros(48, 64, dtype=torch.float16)
+    bias = torch.zeros(48, dtype=torch.float16)
+    assert "must be float16" in exact_problem(x.bfloat16(), bias.bfloat16())
+    assert "bias must be a tensor" in exact_problem(x, None)
+    assert exact_problem(x, bias) is None
     if HOPPER and QUACK:
-        x, weight = x.half().cuda(), weight.half().cuda()
+        x, weight = x.cuda(), weight.cuda()
         assert "must be float16" in exact_op.unsupported(x.bfloat16(), weight.bfloat16(), None)
         assert "bias must be a tensor" in exact_op.unsupported(x, weight, None)

@@ -14,6 +14,10 @@ interleaved, so nothing is rewritten at load. One compiled kernel serves every r
 builds on dtypes, layouts and alignment, not on M); the first call in a process builds it (~3 s on an
 H200) and importing quack costs 8-17 s, so the decoder does both at load (the import when its kernels are
 chosen, `fused.choose_kernels`; the build beside the weight load, `fused.warm_up`).
+
+The exact variant (`linear_silu_mul_exact`, `launch(exact=True)`) is the same GEMM with the release's three
+roundings in its epilogue instead of quack's SwiGLU (`_eager_swiglu`; linear_silu_mul_exact.py says why its bits
+are the eager op's).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from ._common import as_rows, count_launch, grad_problem, zeros
 from .quack_common import ALIGN, gemm_config, import_problem, load, tensors_problem
 
-__all__ = ["model_call", "linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
+__all__ = ["exact_problem", "launch", "model_call", "linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
 
 def linear_silu_mul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -44,6 +48,27 @@ def _gemm_act():
     from quack.gemm_interface import gemm_act
 
     return gemm_act
+
+
+@functools.cache
+def _eager_swiglu():
+    """The exact variant's epilogue, built once (this imports quack): the accumulator plus bias rounded to fp16,
+    `g / (1 + exp(-g))` with the CuTe DSL's accurate `exp` and a correctly rounded division, rounded, times the
+    rounded value (rounded at the store). Its bias comes with the halves interleaved, as the GEMM sees B."""
+    load()
+    import cutlass.cute as cute
+    from cutlass import Float16, Float32
+    from quack.epilogue.frontend import gemm_epilogue, unpack
+    from quack.epilogue.ops import RowVecLoad
+
+    @gemm_epilogue(outputs=("postact",), ops={"bias": RowVecLoad("bias")}, mode="acc_pair")
+    def eager_swiglu(acc, bias):
+        gate, value = unpack(acc + bias)
+        gate = gate.to(Float16).to(Float32)
+        activated = (gate / (Float32(1.0) + cute.math.exp(-gate, fastmath=False))).to(Float16).to(Float32)
+        return {"postact": activated * value.to(Float16).to(Float32)}
+
+    return eager_swiglu
 
 
 def model_call(config, device: torch.device, dtype: torch.dtype) -> tuple:
@@ -88,13 +113,48 @@ def linear_silu_mul(
     dtype; K and F multiples of 8. Returns a new contiguous (..., F) tensor of x's dtype. Raises ValueError
     outside this contract.
     """
-    problem = unsupported(x, weight, bias)
+    return launch(x, weight, bias, launches, "linear_silu_mul", exact=False)
+
+
+def exact_problem(x, bias) -> str | None:
+    """What the exact variant needs beyond `unsupported`'s contract (fp16, a bias), or None."""
+    if x.dtype != torch.float16:
+        return f"the epilogue rounds as the fp16 recipe does: x must be float16, got {x.dtype}"
+    if bias is None:
+        return "bias must be a tensor: the epilogue adds it to the accumulator"
+    return None
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    launches: dict[str, int] | None,
+    name: str,
+    exact: bool,
+) -> torch.Tensor:
+    """The GEMM of both launchers: checks `unsupported` (and for `exact`, `exact_problem`), launches once with
+    quack's SwiGLU or, `exact`, the release's roundings (`_eager_swiglu`), counts it under `name`."""
+    problem = unsupported(x, weight, bias) or (exact and exact_problem(x, bias))
     if problem:
         raise ValueError(f"linear_silu_mul: {problem}")
     rows = as_rows(x)
     half = weight.shape[0] // 2
     out = torch.empty((rows.shape[0], half), dtype=x.dtype, device=x.device)
-    if out.numel():
+    if out.numel() == 0:
+        return out.view(*x.shape[:-1], half)
+    if exact:
+        _eager_swiglu()(
+            rows,
+            weight.T,
+            out={"postact": out},
+            store_d=False,
+            config=gemm_config(),
+            tuned=False,
+            bias=torch.stack([bias[:half], bias[half:]], dim=1).flatten(),
+            concat_layout=("B",),
+        )
+    else:
         _gemm_act()(
             rows,
             weight.T,
@@ -106,5 +166,5 @@ def linear_silu_mul(
             config=gemm_config(),
             concat_layout=("B", "bias") if bias is not None else ("B",),
         )
-        count_launch(launches, "linear_silu_mul")
+    count_launch(launches, name)
     return out.view(*x.shape[:-1], half)

@@ -1,5 +1,5 @@
-"""w1 and the FFN's gate in one GEMM with the eager op's bits: quack's Hopper GEMM with the release's three
-roundings in its epilogue.
+"""w1 and the FFN's gate in one GEMM with the eager op's bits: the `linear_silu_mul` GEMM with the release's three
+roundings in its epilogue instead of quack's SwiGLU.
 
 The eager op (`blocks.linear_silu_mul`, the release's under fp16 autocast) writes w1's output rounded to fp16,
 then computes `silu(gate)` in float32 and rounds it, then rounds the product with the value. Here each of those
@@ -14,57 +14,27 @@ released block shapes (1 to 28 tiles per call) and the tests' model: the tests c
 one bit for bit, and the release-parity tests the whole decode. Another cuBLAS that chose otherwise (a split over
 K, say) would give other bits, which those tests would show.
 
-quack reads w1's rows as released ([gate; value] halves) through `concat_layout`, as `linear_silu_mul.py` does;
-the bias goes to the epilogue with its halves interleaved the same way (a (2F,) copy per call).
+quack reads w1's rows as released ([gate; value] halves) through `concat_layout`, as the fast kernel does; the
+bias goes to the epilogue with its halves interleaved the same way (a (2F,) copy per call).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from ..blocks import linear_silu_mul as linear_silu_mul_reference
 from . import linear_silu_mul as fast
-from ._common import as_rows, count_launch
-from .quack_common import gemm_config, load
 
 __all__ = ["model_call", "linear_silu_mul", "linear_silu_mul_reference", "unsupported"]
 
 model_call = fast.model_call
 
 
-@functools.cache
-def _epilogue():
-    """The epilogue, built once (this imports quack)."""
-    load()
-    import cutlass.cute as cute
-    from cutlass import Float16, Float32
-    from quack.epilogue.frontend import gemm_epilogue, unpack
-    from quack.epilogue.ops import RowVecLoad
-
-    @gemm_epilogue(outputs=("postact",), ops={"bias": RowVecLoad("bias")}, mode="acc_pair")
-    def eager_swiglu(acc, bias):
-        gate, value = unpack(acc + bias)
-        gate = gate.to(Float16).to(Float32)
-        activated = (gate / (Float32(1.0) + cute.math.exp(-gate, fastmath=False))).to(Float16).to(Float32)
-        return {"postact": activated * value.to(Float16).to(Float32)}
-
-    return eager_swiglu
-
-
 def unsupported(x, weight, bias) -> str | None:
     """Why `linear_silu_mul(x, weight, bias)` is outside the kernel's contract, or None (this imports quack):
     quack's gated GEMM's contract (`linear_silu_mul.unsupported`), fp16 only, with a bias (the epilogue adds it
     before the first rounding, as cuBLAS does)."""
-    problem = fast.unsupported(x, weight, bias)
-    if problem:
-        return problem
-    if x.dtype != torch.float16:
-        return f"the epilogue rounds as the fp16 recipe does: x must be float16, got {x.dtype}"
-    if bias is None:
-        return "bias must be a tensor: the epilogue adds it to the accumulator"
-    return None
+    return fast.unsupported(x, weight, bias) or fast.exact_problem(x, bias)
 
 
 def linear_silu_mul(
@@ -76,22 +46,4 @@ def linear_silu_mul(
     weight: (2F, K) contiguous, rows [gate; value] (release layout). bias: (2F,). All float16; K and F
     multiples of 8. Returns a new contiguous (..., F) float16 tensor. Raises ValueError outside this contract.
     """
-    problem = unsupported(x, weight, bias)
-    if problem:
-        raise ValueError(f"linear_silu_mul: {problem}")
-    rows = as_rows(x)
-    half = weight.shape[0] // 2
-    out = torch.empty((rows.shape[0], half), dtype=x.dtype, device=x.device)
-    if out.numel():
-        _epilogue()(
-            rows,
-            weight.T,
-            out={"postact": out},
-            store_d=False,
-            config=gemm_config(),
-            tuned=False,
-            bias=torch.stack([bias[:half], bias[half:]], dim=1).flatten(),
-            concat_layout=("B",),
-        )
-        count_launch(launches, "linear_silu_mul_exact")
-    return out.view(*x.shape[:-1], half)
+    return fast.launch(x, weight, bias, launches, "linear_silu_mul_exact", exact=True)
