@@ -95,16 +95,16 @@ class DecodeOptions:
     attention_backends: SDPA backend names, most preferred first (None: ATTENTION_BACKENDS). gemm: "auto",
     "cublas" or "quack", the fused fp16 path's block GEMMs (`resolve_gemm`; auto: quack where it runs).
     attention: "auto", "sdpa" or "fa4", the fused fp16 path's attention (`resolve_attention`; auto: fa4 where
-    it runs). exact: True / False, whether the output is bit for bit the release's decode (fp32: its float32
-    decode; fp16: its eager decode under fp16 autocast) on the fused path too, which then runs only the
-    kernels that keep every rounding (SDPA, not flash-attn-4; of quack's GEMMs only w1's, whose epilogue rounds as
-    the release does); the eager path always is.
+    it runs and exact is off). exact: True / False, whether the output is bit for bit the release's decode (fp32:
+    its float32 decode; fp16: its eager decode under fp16 autocast) on the fused path too, which then runs only
+    the kernels that keep every rounding (SDPA, not flash-attn-4; of quack's GEMMs only w1's, whose epilogue
+    rounds as the release does); the eager path always is. None: on where it costs nothing (`resolve_exact`).
     """
 
     device: str | torch.device | None = None
     dtype: torch.dtype | str | None = None
     fused: bool | None = None
-    exact: bool = False
+    exact: bool | None = None
     tile_batch: int | None = None
     offload: str = "auto"
     max_gpu_memory: float | None = None
@@ -129,23 +129,19 @@ class DecodeOptions:
         return dataclasses.replace(self, **changes)
 
 
-def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.device, torch.dtype, bool, str, str]:
-    """What of `options` this machine decides, needing no checkpoint: (device, dtype, fused, gemm, attention),
-    each its `resolve_*` function's answer; ValueError for what cannot run here (a door calls it before it
-    opens a checkpoint, so that such an error comes first). `head_dim`: the attention's (64 in every release),
-    for whether `attention_backends` run here."""
+def check_machine(options: DecodeOptions, head_dim: int = 64) -> tuple[torch.device, torch.dtype, bool, str, bool, str]:
+    """What of `options` this machine decides, needing no checkpoint: (device, dtype, fused, gemm, exact,
+    attention), each its `resolve_*` function's answer; ValueError for what cannot run here (a door calls it
+    before it opens a checkpoint, so that such an error comes first). `head_dim`: the attention's (64 in every
+    release), for whether `attention_backends` run here."""
     device = resolve_device(options.device)
     dtype = resolve_dtype(options.dtype, device)
     use_fused = resolve_fused(options.fused, device)
     if options.attention_backends is not None:
         check_backends_run(options.attention_backends, device, dtype, head_dim)
-    return (
-        device,
-        dtype,
-        use_fused,
-        resolve_gemm(options.gemm, device, dtype, use_fused),
-        resolve_attention(options.attention, device, dtype, use_fused, options.exact),
-    )
+    gemm = resolve_gemm(options.gemm, device, dtype, use_fused)
+    exact = resolve_exact(options.exact, gemm, options.attention)
+    return device, dtype, use_fused, gemm, exact, resolve_attention(options.attention, device, dtype, use_fused, exact)
 
 
 def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Tiling = RELEASE_TILING) -> Runtime:
@@ -153,7 +149,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
     -> bytes, the tiling (else the checkpoint's `default_tiling`) checked against the patch size, offload="auto"
     decided by the memory plan (memory.choose_offload) from the checkpoint's sizes and the device's free
     memory, and the kernel of each op (`fused.choose_kernels`, with one warning naming any kernel left out)."""
-    device, dtype, use_fused, gemm, attention = check_machine(options, config.head_dim)
+    device, dtype, use_fused, gemm, exact, attention = check_machine(options, config.head_dim)
     cap = None if options.max_gpu_memory is None else int(options.max_gpu_memory * GIB)
     tiling = (options.tiling or default_tiling).check(config)
     offload = options.offload
@@ -163,7 +159,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         device=device,
         dtype=dtype,
         fused=use_fused,
-        exact=options.exact,
+        exact=exact,
         tile_batch=options.tile_batch,
         tiling=tiling,
         output_rank=options.output_rank,
@@ -172,7 +168,7 @@ def resolve(options: DecodeOptions, config: H3DecoderConfig, default_tiling: Til
         max_gpu_memory=cap,
         gemm=gemm,
         attention=attention,
-        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention, options.exact),
+        kernels=fused.choose_kernels(config, device, dtype, use_fused, gemm, attention, exact),
     )
 
 
@@ -180,7 +176,7 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
     """`runtime` with changes to CALL_OPTIONS, each checked as `DecodeOptions` checks it and decided as
     `resolve` decides it (a change of `fused` or `exact` chooses the kernels again, with runtime's gemm and
     attention; exact=True where the attention is flash-attn-4 is a ValueError).
-    None means what it means there (fused: automatic, tile_batch: as many as fit, output_rank: every rank);
+    None means what it means there (fused, exact: automatic; tile_batch: as many as fit; output_rank: every rank);
     tiling and attention_backends need a value. The options that place the weights (device, dtype, offload,
     max_gpu_memory) are fixed at load: asking for them here is a ValueError, as is a name that is no option
     (naming the nearest one). Whether the backends run on the decoder's device is the decoder's check
@@ -197,6 +193,8 @@ def resolve_call(runtime: Runtime, config: H3DecoderConfig, **changes) -> Runtim
         checked["tiling"].check(config)
     if "fused" in checked:
         checked["fused"] = resolve_fused(checked["fused"], runtime.device)
+    if "exact" in checked:
+        checked["exact"] = resolve_exact(checked["exact"], runtime.gemm, runtime.attention)
     r = dataclasses.replace(runtime, **checked)
     if r.exact and not runtime.exact and r.attention != "sdpa":
         raise ValueError(
@@ -259,9 +257,9 @@ def _check_fused(value) -> bool | None:
     return value
 
 
-def _check_exact(value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"exact must be True or False, got {value!r}")
+def _check_exact(value) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"exact must be True, False or None (automatic), got {value!r}")
     return value
 
 
@@ -399,6 +397,17 @@ def resolve_gemm(gemm: str, device: torch.device, dtype: torch.dtype, use_fused:
         return _hopper_problem(device, dtype, use_fused, "GEMMs", fused.quack_installed, needs)
 
     return _choose("gemm", gemm, GEMM_BACKENDS, problem, "the 'cublas' GEMMs")
+
+
+def resolve_exact(exact: bool | None, gemm: str, attention: str) -> bool:
+    """Whether the fused path keeps the release's bits: the explicit answer, else (None) on where that costs
+    nothing, which is with quack's GEMMs (`gemm` as resolved: "quack" runs w1 and its gate in one exact GEMM,
+    and the exact path then takes no longer than the fused default with cuBLAS, whose norms and proj_out are
+    not exact; docs/kernels.md) unless `attention` (as asked for, or as resolved) is "fa4", the faster choice
+    that is not exact. With cuBLAS alone the exact path costs about 2.5% more than the default, so it is off."""
+    if exact is not None:
+        return exact
+    return gemm == "quack" and attention != "fa4"
 
 
 def resolve_attention(

@@ -605,6 +605,20 @@ def test_eager_flag_overrides_the_environment(capsys, tmp_path, monkeypatch):
     assert code == 0 and "eager ops" in err
 
 
+def test_the_run_line_says_when_the_fused_path_is_exact(capsys, tmp_path, monkeypatch):
+    """--exact / --no-exact: the run's line says whether the fused ops keep the release's bits."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("the fused kernels need CUDA or TRITON_INTERPRET=1")
+    monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
+    latents = latents_file(tmp_path / "in.safetensors", random_latents())
+    said = {}
+    for flag in ("--exact", "--no-exact"):
+        code, err = run_cli_or_parser(capsys, latents, tmp_path / f"{flag}.safetensors", "--model", TINY, flag)
+        assert code == 0, err
+        said[flag] = "exact: the release's bits" in err
+    assert said == {"--exact": True, "--no-exact": False}
+
+
 def test_failure_while_writing(capsys, tmp_path, monkeypatch):
     """The frames are written from a background thread: its error (here a full disk reported as frames are
     piped to ffmpeg) still fails the run, cleanly, with one line that names the cause and no Python type name."""

@@ -171,16 +171,16 @@ def test_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_path, de
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the release's fp16 autocast needs a CUDA GPU")
 HOPPER_EXTRA = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and fused.quack_installed()
 # The fp16 paths that give the release's bits: the eager ops, and the fused path with exact=True, with cuBLAS's
-# GEMMs and with quack's (w1 and the gate in one epilogue; where the hopper extra runs).
+# GEMMs and with quack's (w1 and the gate in one epilogue; where the hopper extra runs), and where the hopper extra
+# runs the fused path as every option defaults (exact is on there: it costs nothing).
+needs_hopper_extra = pytest.mark.skipif(not HOPPER_EXTRA, reason="needs a Hopper GPU with the hopper extra")
 FP16_PATHS = [
     dict(fused=False),
     dict(fused=True, exact=True, gemm="cublas"),
-    pytest.param(
-        dict(fused=True, exact=True, gemm="quack"),
-        marks=pytest.mark.skipif(not HOPPER_EXTRA, reason="needs a Hopper GPU with the hopper extra"),
-    ),
+    pytest.param(dict(fused=True, exact=True, gemm="quack"), marks=needs_hopper_extra),
+    pytest.param(dict(fused=True), marks=needs_hopper_extra),
 ]
-FP16_IDS = ["eager", "fused-exact", "fused-exact-quack"]
+FP16_IDS = ["eager", "fused-exact", "fused-exact-quack", "fused-default-hopper-extra"]
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +208,7 @@ def ours_fp16(layouts):
     decoders = {}
 
     def decode(
-        layout: str, z: torch.Tensor, offload: str = "none", exact: bool = False, gemm: str = "auto", **options
+        layout: str, z: torch.Tensor, offload: str = "none", exact: bool | None = None, gemm: str = "auto", **options
     ) -> torch.Tensor:
         key = layout, offload, exact, gemm
         if key not in decoders:  # exact=True loads SDPA where the hopper extra would take flash-attn-4
@@ -273,16 +273,18 @@ def test_fp16_the_two_chunk_stream_is_the_release_autocast_decode(expected_fp16,
 
 
 @cuda_only
-@pytest.mark.parametrize("path", [*FP16_PATHS, dict(fused=True)], ids=[*FP16_IDS, "fused-default"])
+@pytest.mark.parametrize("path", [*FP16_PATHS, dict(fused=True, exact=False)], ids=[*FP16_IDS, "fused-not-exact"])
 def test_fp16_an_attention_overflow_is_scrubbed_as_the_release_scrubs_it(tmp_path, path):
     """The overflow of `overflowing_attention` under fp16 autocast: the exact paths give the release's bits, and
-    the default fused path, within fp16 noise of them, stays as finite as they are."""
+    the fused path with exact=False, within fp16 noise of them, stays as finite as they are."""
     folder = overflowing_attention(tmp_path)
     z = latents(1, 24, 3, 2, 3, seed=6)
     release = release_decode_fp16(release_vae(folder), z)
     assert release.isfinite().all()
-    out = H3VideoDecoder.from_pretrained(folder, device="cuda", dtype="fp16", **path).decode(z.to("cuda")).cpu()
-    if path.get("exact") or not path["fused"]:
+    decoder = H3VideoDecoder.from_pretrained(folder, device="cuda", dtype="fp16", **path)
+    out = decoder.decode(z.to("cuda")).cpu()
+    assert decoder.runtime.exact == (path.get("exact") is not False and path["fused"])
+    if decoder.runtime.exact or not path["fused"]:
         assert_same(out, release)
     else:
         assert out.isfinite().all()
@@ -294,11 +296,11 @@ def test_fp16_fused_exact_runs_its_kernels(layouts, path):
     """exact=True on the fused path launches the exact kernels (the norms summed in torch's order, the gate, or
     with quack's GEMMs w1 and the gate in one), not the default's norms or proj_out's tf32x3."""
     decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", **path)
-    assert decoder.runtime.fused and decoder.runtime.exact and decoder.runtime.gemm == path["gemm"]
+    assert decoder.runtime.fused and decoder.runtime.exact and decoder.runtime.gemm == path.get("gemm", "quack")
     before = decoder.launch_counts()
     decoder.decode(latents(1, 24, 3, 2, 3).to("cuda"))
     ran = {name for name, count in decoder.launch_counts().items() if count > before[name]}
-    gate = "linear_silu_mul_exact" if path["gemm"] == "quack" else "silu_mul"
+    gate = "linear_silu_mul_exact" if decoder.runtime.gemm == "quack" else "silu_mul"
     assert ran == {"rms_norm_exact", "scale_add_rms_norm_exact", "qk_rms_norm_rope_exact", gate}
 
 

@@ -317,12 +317,81 @@ def test_exact_is_checked_and_refuses_flash_attention_4():
     """exact takes a bool; asking for fa4 with it names why, at every door (the command: one line). quack's GEMMs
     are refused only where they cannot run at all: with exact=True they run w1 in an epilogue that keeps the
     release's bits."""
-    with pytest.raises(ValueError, match="exact must be True or False, got 1"):
+    with pytest.raises(ValueError, match=r"exact must be True, False or None \(automatic\), got 1"):
         DecodeOptions(exact=1)
     with pytest.raises(ValueError, match="is not bit for bit the release's, which exact=True asks for"):
         check_machine(DecodeOptions(device="cpu", exact=True, attention="fa4"))
     with pytest.raises(ValueError, match="needs a Hopper GPU"):
         check_machine(DecodeOptions(device="cpu", exact=True, gemm="quack"))
+
+
+@pytest.fixture
+def hopper_with_the_extra(monkeypatch):
+    """A Hopper GPU with quack, the CuTe DSL, flash-attn-4 and Triton installed, as `resolve` sees the machine (the
+    CPU stands in: nothing is loaded)."""
+    from minimax_h3_vae.fused import flash_attention
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    find_spec = importlib.util.find_spec
+    installed = ("quack", "cutlass", "triton")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name in installed else find_spec(name, *a)
+    )
+    monkeypatch.setattr(flash_attention, "installed", lambda: True)
+
+
+@pytest.mark.parametrize(
+    ("asked", "gemm", "exact", "attention"),
+    [
+        ({}, "quack", True, "sdpa"),  # the release's bits cost nothing with quack's exact w1: on by default
+        ({"exact": True}, "quack", True, "sdpa"),
+        ({"exact": False}, "quack", False, "fa4"),  # the fastest path, asked for
+        ({"attention": "fa4"}, "quack", False, "fa4"),
+        ({"attention": "sdpa", "exact": False}, "quack", False, "sdpa"),
+        ({"gemm": "cublas"}, "cublas", False, "fa4"),  # exact with cuBLAS alone costs more: off unless asked
+        ({"gemm": "cublas", "exact": True}, "cublas", True, "sdpa"),
+        ({"dtype": "fp32"}, "cublas", False, "sdpa"),
+        ({"fused": False}, "cublas", False, "sdpa"),
+    ],
+)
+def test_exact_by_default_where_it_costs_nothing(hopper_with_the_extra, asked, gemm, exact, attention):
+    """exact=None (every door's default) is on where quack's GEMMs run and the attention is not asked to be
+    flash-attn-4's: there the exact path is no slower than the fused default (benchmarks/RESULTS.md); elsewhere
+    it is off. An explicit answer is kept."""
+    assert DecodeOptions().exact is None
+    device, dtype, _, got_gemm, got_exact, got_attention = check_machine(DecodeOptions(device="cuda", **asked))
+    assert device == torch.device("cuda", 0) and (got_gemm, got_exact, got_attention) == (gemm, exact, attention)
+
+
+def test_exact_by_default_is_off_without_the_hopper_kernels():
+    assert check_machine(DecodeOptions(device="cpu"))[3:] == ("cublas", False, "sdpa")
+    assert Runtime().exact is False
+
+
+def test_exact_per_call_none_is_the_default_for_the_decoder():
+    """decode(z, exact=None) decides as at load, with the decoder's GEMMs and attention."""
+    from minimax_h3_vae import H3DecoderConfig
+    from minimax_h3_vae.runtime import resolve_call
+
+    config = H3DecoderConfig()
+    assert resolve_call(Runtime(gemm="quack", attention="sdpa"), config, exact=None).exact is True
+    assert resolve_call(Runtime(gemm="quack", attention="fa4", exact=True), config, exact=None).exact is False
+    assert resolve_call(Runtime(exact=True), config, exact=None).exact is False
+
+
+def test_every_door_leaves_exact_to_the_default_unless_asked():
+    from minimax_h3_vae.comfyui import inputs
+    from minimax_h3_vae.command import flags
+
+    parse = lambda *extra: flags.parse_args(["in.safetensors", "out.mp4", *extra]).exact  # noqa: E731
+    assert (parse(), parse("--exact"), parse("--no-exact")) == (None, True, False)
+    assert inputs.node_options("auto", 0).exact is None, "the widget off: the default"
+    assert inputs.node_options("auto", 0, exact=True).exact is True
+    with pytest.raises(ValueError, match="exact must be True or False"):
+        inputs.node_options("auto", 0, exact=None)
+    assert swap_decoder(random_diffusers_vae(seed=0)).decoder.minimax_h3.options.exact is None
 
 
 def test_exact_chooses_only_the_exact_kernels(tiny):

@@ -34,13 +34,16 @@ RUN_INPUTS = {
 }
 
 
-# An optional input (a workflow saved without it still runs): the release's bits on the fused path too.
+# An optional input (a workflow saved without it still runs): the release's bits on the fused path too. Off
+# leaves it to the default, which gives them where they cost nothing (quack's GEMMs with SDPA); the fastest
+# path, FlashAttention 4, is asked for with attention "fa4".
 EXACT_INPUT = {
     "exact": (
         "BOOLEAN",
         {
             "default": False,
-            "tooltip": "the release's own bits on the fused path too (cuBLAS and SDPA, a little slower)",
+            "tooltip": "on: the release's own bits on the fused path too (a little slower with cuBLAS). Off: they "
+            "come by default where they cost nothing (Hopper with quack's GEMMs); attention fa4 is the fastest",
         },
     )
 }
@@ -54,18 +57,21 @@ def node_options(
     device: torch.device | None = None,
     exact: bool = False,
 ) -> DecodeOptions:
-    """The run options of a node's widgets (RUN_INPUTS and EXACT_INPUT), checked, on `device`."""
+    """The run options of a node's widgets (RUN_INPUTS and EXACT_INPUT), checked, on `device`. exact: True asks
+    for the release's bits; False leaves it to the default (`DecodeOptions.exact` None)."""
     if not isinstance(fused, str) or fused not in FUSED_CHOICES:
         raise ValueError(f"fused must be one of {', '.join(map(repr, FUSED_CHOICES))}, got {fused!r}")
     if isinstance(tile_batch, bool) or not isinstance(tile_batch, int) or tile_batch < 0:
         raise ValueError(f"tile_batch must be a whole number of tiles >= 0 (0: as many as fit), got {tile_batch!r}")
+    if not isinstance(exact, bool):
+        raise ValueError(f"exact must be True or False (the widget's on or off), got {exact!r}")
     return DecodeOptions(
         device=device,
         fused=FUSED_CHOICES[fused],
         tile_batch=tile_batch or None,
         gemm=gemm,
         attention=attention,
-        exact=exact,
+        exact=exact or None,
     )
 
 

@@ -159,9 +159,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, choices=choices, default=default, help=help)
     parser.add_argument(
         "--exact",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="bit for bit the release's decode (fp16: its eager fp16-autocast decode) on the fused path too: "
-        "only the kernels that keep every rounding, with SDPA (and of quack's GEMMs only w1's)",
+        "only the kernels that keep every rounding, with SDPA (and of quack's GEMMs only w1's). Default: on "
+        "where it costs nothing (with --gemm quack, unless --attention fa4, the fastest), else off",
     )
     parser.add_argument(
         "--offload",

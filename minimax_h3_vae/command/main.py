@@ -38,6 +38,13 @@ from .stops import Ended, Written
 from .timing import Phases, process_age
 from .writer import BackgroundWriter
 
+# The fused ops that run a GEMM on quack, as the run's summary line names them.
+GEMM_WORDS = {
+    "linear_silu_mul": "w1",
+    "linear_qk_rms_norm_rope": "the attention's projection",
+    "linear_fp32": "proj_out",
+}
+
 
 def agree(error: Exception | None, ranks: int) -> None:
     """Every rank calls this at the same points (after preparing, after each chunk, after writing): all
@@ -112,13 +119,20 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     path = (
         "eager" if not kernels else "fused" if kernels == len(fused.FUSED_OPS) else f"{kernels} fused, the other eager"
     )
-    path += ", quack's GEMMs for w1, the attention's projection and proj_out" if fused.uses_quack(chosen) else ""
-    path += ", FlashAttention 4" if fused.uses_fa4(chosen) else ""
+    details = []
+    on_quack = [GEMM_WORDS[op] for op in fused.quack_ops(chosen)]
+    if on_quack:
+        details.append("quack's GEMMs for " + " and ".join(filter(None, (", ".join(on_quack[:-1]), on_quack[-1]))))
+    if fused.uses_fa4(chosen):
+        details.append("FlashAttention 4")
+    if kernels and decoder.runtime.exact:
+        details.append("exact: the release's bits")
+    detailed = f" ({', '.join(details)})" if details else ""
     placement = placement_description(decoder.runtime, device)  # offload and the GPU budget, as every door says
     spread = f" x {ranks} ranks" if ranks > 1 else ""
     frames, size = prepared.frames, f"{prepared.width}x{prepared.height}"
     placed = f"; {placement}" if placement else ""
-    say(f"device {device}{spread}, {dtype}, {path} ops{placed}; checkpoint {shown(args.model)}")
+    say(f"device {device}{spread}, {dtype}, {path} ops{detailed}{placed}; checkpoint {shown(args.model)}")
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()

@@ -64,6 +64,7 @@ __all__ = [
     "ops_for",
     "qkv_rows",
     "quack_installed",
+    "quack_ops",
     "select_ops",
     "uses_fa4",
     "uses_quack",
@@ -146,9 +147,14 @@ def _lines(kernels) -> dict[str, registry.Kernel]:
     return lines
 
 
+def quack_ops(kernels: Kernels) -> tuple[str, ...]:
+    """The ops of `kernels` whose GEMM runs on quack, in the registry's order."""
+    return tuple(op for op, line in _lines(kernels).items() if line.option == ("gemm", "quack"))
+
+
 def uses_quack(kernels: Kernels) -> bool:
     """Whether any GEMM of `kernels` runs on quack."""
-    return any(line.option == ("gemm", "quack") for line in _lines(kernels).values())
+    return bool(quack_ops(kernels))
 
 
 def uses_fa4(kernels: Kernels) -> bool:
