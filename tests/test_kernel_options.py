@@ -40,7 +40,7 @@ GEMM = SimpleNamespace(
     cpu_error="error: --gemm 'quack' needs a Hopper GPU (compute capability 9.0); cpu is not one; or choose the "
     "'cublas' GEMMs",
     # the command's default attention is SDPA, so quack's GEMMs come with exact's default on: quack runs w1 alone
-    said="fused ops (quack's GEMMs for w1, exact: the release's bits)",
+    said="(quack's GEMMs for w1, exact: the release's bits)",
     runs_here=HOPPER and QUACK,
     other={"attention": "sdpa"},  # the command's default for the other option
 )
@@ -54,7 +54,7 @@ ATTENTION = SimpleNamespace(
     work="attention",
     way_out="or choose 'sdpa'",
     cpu_error="error: --attention 'fa4' needs a Hopper GPU (compute capability 9.0); cpu is not one; or choose 'sdpa'",
-    said="fused ops (FlashAttention 4)",
+    said=" ops (FlashAttention 4)",
     runs_here=HOPPER and flash_attention.installed(),
     other={"gemm": "cublas"},
 )

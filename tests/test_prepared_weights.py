@@ -94,10 +94,12 @@ HOPPER_QUACK = torch.cuda.is_available() and torch.cuda.get_device_capability() 
 
 @pytest.mark.skipif(not HOPPER_QUACK, reason="needs a Hopper GPU with the hopper extra")
 def test_the_quack_projection_takes_the_stored_rows_as_they_are(layouts):
-    """Loaded for gemm="quack": w_qkv is stored in the GEMM's order and the launcher is told so (it gathers
-    nothing); the decoder's output is bit for bit the launcher's own per-call gathering of the release's rows,
-    and switched to the eager path it decodes as an eager decoder does."""
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
+    """Loaded for quack's projection (gemm="quack", exact=False): w_qkv is stored in the GEMM's order and the
+    launcher is told so (it gathers nothing); the decoder's output is bit for bit the launcher's own per-call
+    gathering of the release's rows, and switched to the eager path it decodes as an eager decoder does."""
+    decoder = H3VideoDecoder.from_pretrained(
+        layouts["original"], device="cuda", dtype="fp16", gemm="quack", exact=False
+    )
     assert decoder.runtime.kernels.linear_qk_rms_norm_rope == "quack" and decoder.qkv_rows is not None
     assert decoder.ops().linear_qk_rms_norm_rope.keywords["ordered"] is True
     with torch.device("meta"):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from minimax_h3_vae import H3DecoderConfig, H3VideoDecoder, blocks, fused
 from minimax_h3_vae.fused import linear_qk_rms_norm_rope as qkv_op
 from minimax_h3_vae.fused import linear_silu_mul_exact as exact_op
-from minimax_h3_vae.fused import quack_common, registry
+from minimax_h3_vae.fused import quack_common
 from minimax_h3_vae.fused.linear_silu_mul import (
     exact_problem,
     linear_silu_mul,
@@ -383,15 +383,15 @@ def test_qkv_kernel_scores_are_the_release_order_scores():
 
 @needs_quack
 def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
-    """The whole decode with gemm="quack" against an fp32 eager decode of the same weights: no further from it
-    than the cuBLAS fused path (the gate reads the float32 accumulator), and quack's op ran for every block
-    of every call, the Triton gate for none."""
+    """The whole decode with gemm="quack" (exact=False) against an fp32 eager decode of the same weights: no
+    further from it than the cuBLAS fused path (the gate reads the float32 accumulator), and quack's op ran for
+    every block of every call, the Triton gate for none."""
     z = torch.randn(1, 24, 8, 17, 9, generator=torch.Generator().manual_seed(5))
     reference = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp32", fused=False).decode(z)
     outs, launches = {}, {}
     for gemm in ("cublas", "quack"):
         decoder = H3VideoDecoder.from_pretrained(
-            layouts["original"], device="cuda", dtype="fp16", gemm=gemm, attention="sdpa"
+            layouts["original"], device="cuda", dtype="fp16", gemm=gemm, attention="sdpa", exact=False
         )
         assert decoder.runtime.gemm == gemm and fused.uses_quack(decoder.runtime.kernels) == (gemm == "quack")
         before = decoder.launch_counts()
@@ -411,15 +411,20 @@ def test_decoder_on_quack_is_as_close_to_fp32_as_cublas(layouts):
 
 
 @needs_quack
-def test_load_builds_quack_beside_the_weights(layouts):
-    """The set-up thread imports quack and builds its GEMMs at load: one launch each, none left for the first
-    decode."""
-    decoder = H3VideoDecoder.from_pretrained(layouts["original"], device="cuda", dtype="fp16", gemm="quack")
+@pytest.mark.parametrize("exact", [None, False])
+def test_load_builds_quack_beside_the_weights(layouts, exact):
+    """The set-up thread imports quack and builds the GEMMs the decoder takes at load, one launch each, none left
+    for the first decode: by default (exact on: it costs nothing with quack) the exact w1 alone; with exact=False
+    the fast ones."""
+    decoder = H3VideoDecoder.from_pretrained(
+        layouts["original"], device="cuda", dtype="fp16", gemm="quack", exact=exact
+    )
+    assert decoder.runtime.exact is (exact is None)
     after = decoder.launch_counts()
-    # each counts its launches under its module's name; the exact one is for exact=True only
-    kernels = tuple(k.module for k in registry.KERNELS if k.option == ("gemm", "quack") and not k.exact)
-    assert {name: after[name] for name in fused.QUACK_KERNELS if name not in kernels} == {"linear_silu_mul_exact": 0}
-    assert {name: after[name] for name in kernels} == dict.fromkeys(kernels, 1)
+    # each counts its launches under its module's name
+    exact_w1 = {"linear_silu_mul_exact"}
+    taken = exact_w1 if exact is None else set(fused.QUACK_KERNELS) - exact_w1
+    assert {name: after[name] for name in fused.QUACK_KERNELS} == {n: int(n in taken) for n in fused.QUACK_KERNELS}
 
 
 # ---- the exact kernel: w1 and the gate with the release's roundings --------------------------------------------

@@ -125,7 +125,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         details.append("quack's GEMMs for " + " and ".join(filter(None, (", ".join(on_quack[:-1]), on_quack[-1]))))
     if fused.uses_fa4(chosen):
         details.append("FlashAttention 4")
-    if kernels and decoder.runtime.exact:
+    if decoder.runtime.exact:
         details.append("exact: the release's bits")
     detailed = f" ({', '.join(details)})" if details else ""
     placement = placement_description(decoder.runtime, device)  # offload and the GPU budget, as every door says
