@@ -404,7 +404,7 @@ def resolve_exact(exact: bool | None, gemm: str, attention: str) -> bool:
     nothing, which is with quack's GEMMs (`gemm` as resolved: "quack" runs w1 and its gate in one exact GEMM,
     and the exact path then takes no longer than the fused default with cuBLAS, whose norms and proj_out are
     not exact; docs/kernels.md) unless `attention` (as asked for, or as resolved) is "fa4", the faster choice
-    that is not exact. With cuBLAS alone the exact path costs about 2.5% more than the default, so it is off."""
+    that is not exact. With cuBLAS alone the exact path is slower than the fused default, so it is off."""
     if exact is not None:
         return exact
     return gemm == "quack" and attention != "fa4"
