@@ -606,9 +606,8 @@ def test_eager_flag_overrides_the_environment(capsys, tmp_path, monkeypatch):
 
 
 def test_the_run_line_says_when_the_fused_path_is_exact(capsys, tmp_path, monkeypatch):
-    """--exact / --no-exact: the run's line says whether the fused ops keep the release's bits."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("the fused kernels need CUDA or TRITON_INTERPRET=1")
+    """--exact / --no-exact: the run's line says whether the run keeps the release's bits (on the CPU, with the
+    fused kernels under TRITON_INTERPRET=1, else with the eager ops that stand in for them)."""
     monkeypatch.setenv("MINIMAX_H3_VAE_FUSED", "1")
     latents = latents_file(tmp_path / "in.safetensors", random_latents())
     said, lines = {}, {}
