@@ -52,7 +52,7 @@ def test_node_contract():
     assert inputs["fused"][0] == ["auto", "on", "off"]
     assert inputs["gemm"][0] == ["auto", "cublas", "quack"] and inputs["gemm"][1]["default"] == "auto"
     assert inputs["attention"][0] == ["auto", "sdpa", "fa4"] and inputs["attention"][1]["default"] == "auto"
-    # exact is optional, so that a workflow saved without it still runs (with its default, False)
+    # exact is optional, so that a workflow saved without it still runs (off: the API's default, exact=None)
     for name in ("MiniMaxH3DecoderLoader", "MiniMaxH3DecodeWithVAE", "MiniMaxH3UseForVAE"):
         optional = NODE_CLASS_MAPPINGS[name].INPUT_TYPES()["optional"]
         assert list(optional) == ["exact"] and optional["exact"][0] == "BOOLEAN"
