@@ -24,7 +24,8 @@ KERNEL_FLAGS = (
         ("auto", "cublas", "quack"),
         "cublas",
         "GEMMs of the fused fp16 path: cublas (default: importing quack takes 8-17 s, more than it saves on one "
-        "clip), quack (Hopper, the hopper extra; ~7%% faster per unit) or auto (quack where it runs)",
+        "clip), quack (Hopper, the hopper extra; with it --exact is on by default, the release's bits a little "
+        "faster than cublas; with --no-exact ~7%% faster than cublas) or auto (quack where it runs)",
     ),
     (
         "--attention",
