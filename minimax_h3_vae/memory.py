@@ -340,16 +340,24 @@ def check_bytes(host: int, on_device: int, device: torch.device, what: str, cap:
             )
 
 
-def fits_beside(memory: MemoryPlan, on_device: int, device: torch.device, cap: int | None = None) -> bool:
-    """Whether `on_device` more bytes fit on a CUDA `device` while the plan's weights are loaded onto it (its
-    weights, streamed slots and latents): work run beside the load, done before the decode, which then meets
-    the free memory `check_fits` checked. False on the CPU (the load and the work would share its cores)."""
+def fits_beside(
+    memory: MemoryPlan, on_device: int, device: torch.device, cap: int | None = None, decode: bool = False
+) -> bool:
+    """Whether `on_device` more bytes fit on a CUDA `device` beside the plan's weights being loaded onto it (its
+    weights, streamed slots and latents): work run beside the load. With `decode`, beside the decode too: its
+    whole working set with every tile of a window in one call (the most an automatic tile batch takes), so that
+    neither the work nor the decode can run out of memory whatever order their allocations come in. Without
+    `decode` the work must be done before the decode, which then meets the free memory `check_fits` checked.
+    False on the CPU (the load and the work would share its cores)."""
     if memory.on_cpu or device.type != "cuda":
         return False
     free = torch.cuda.mem_get_info(device)[0]
     if cap is not None:
         free = min(free, cap)
-    return memory.weights + memory.streamed_slots + memory.latents + on_device <= free
+    held = memory.weights + memory.streamed_slots + memory.latents
+    if decode:
+        held = dataclasses.replace(memory, tiles_per_call=max(memory.tiles_per_call, memory.decoded_tiles)).device
+    return held + on_device <= free
 
 
 # The audio decode's peak working memory, in bytes per value of its largest intermediate (a stage's output,

@@ -122,6 +122,26 @@ def test_fits_beside_counts_the_load_against_the_free_memory(monkeypatch):
     assert not memory.fits_beside(on_cpu, 0, torch.device("cpu"))
 
 
+def test_fits_beside_the_decode_counts_its_widest_call(monkeypatch):
+    """Work beside the decode too (`decode=True`: the command's sound) fits when the decode's whole working set
+    with every tile of a window in one call (the widest automatic tile batch) and the work's fit in the free
+    memory and under the cap."""
+    cuda = torch.device("cuda")
+    for offload in ("none", "blocks"):
+        plan = memory.plan(RELEASED, UNIT, dtype=torch.float16, device_type="cuda", offload=offload)
+        widest = memory.plan(
+            RELEASED, UNIT, dtype=torch.float16, device_type="cuda", offload=offload, tile_batch=plan.tiles
+        ).device
+        assert widest > plan.device > plan.weights + plan.streamed_slots + plan.latents
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=widest + 2**30: (free, 2 * free))
+        assert memory.fits_beside(plan, 2**30, cuda, decode=True)
+        assert not memory.fits_beside(plan, 2**30 + 1, cuda, decode=True)
+        assert not memory.fits_beside(plan, 2**30, cuda, cap=widest + 2**30 - 1, decode=True)
+        assert memory.fits_beside(plan, 2**30 + 1, cuda), "beside the load alone it fits"
+    on_cpu = memory.plan(RELEASED, UNIT, dtype=torch.float32, device_type="cpu")
+    assert not memory.fits_beside(on_cpu, 0, torch.device("cpu"), decode=True)
+
+
 def test_available_host_reads_this_machine():
     assert memory.available_host() > 0
 

@@ -334,24 +334,31 @@ def broken_audio_vae(tmp_path: Path, how: str) -> Path:
     return root
 
 
-def sound_beside(monkeypatch) -> None:
-    """Make the run decode the sound beside the video weights' load, as it does on a GPU with room for both
-    (`memory.fits_beside`, whose arithmetic test_memory.py checks), here on the CPU."""
+def sound_beside(monkeypatch, decode: bool = False) -> None:
+    """Make the run decode the sound beside the video weights' load, and with `decode` beside the video's decode
+    too, as it does on a GPU with room for them (`memory.fits_beside`, whose arithmetic test_memory.py checks),
+    here on the CPU."""
     from minimax_h3_vae import memory
 
-    monkeypatch.setattr(memory, "fits_beside", lambda *args, **kwargs: True)
+    monkeypatch.setattr(memory, "fits_beside", lambda *args, **kwargs: decode or not kwargs.get("decode", False))
+
+
+# The summary's words for where the sound was decoded, by how `sound_beside` set the run.
+WHEN = {None: "before", False: "beside the weights' load", True: "beside the weights' load and the decode"}
 
 
 def sound_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "sound"]
 
 
-@pytest.mark.parametrize("beside", [False, True])
+@pytest.mark.parametrize("beside", [None, False, True])
 @pytest.mark.parametrize("suffix", [".mp4", ".safetensors", ".wav"])
 @pytest.mark.parametrize("how, code, words", [("truncated", 2, "audio_vae"), ("nan", 1, "the decoded sound holds NaN")])
 def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, monkeypatch, suffix, how, code, words, beside):
-    if beside:
-        sound_beside(monkeypatch)
+    """Before the load, beside it, or beside the load and the decode (`beside` None, False, True): one line, the
+    old OUT kept, nothing beside it, no thread left."""
+    if beside is not None:
+        sound_beside(monkeypatch, decode=beside)
     out = tmp_path / f"out{suffix}"
     out.write_bytes(OLD)
     source = clip(tmp_path)
@@ -365,9 +372,9 @@ def test_a_broken_audio_vae_leaves_nothing(tmp_path, capsys, monkeypatch, suffix
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".mp4"])
-def test_the_sound_beside_the_load_writes_the_same_file(tmp_path, capsys, monkeypatch, suffix):
-    """Decoded in a thread of its own while the video decoder loads, the sound goes into the same bytes as when
-    it is decoded first, and the summary says which it was."""
+def test_the_sound_beside_the_load_and_the_decode_writes_the_same_file(tmp_path, capsys, monkeypatch, suffix):
+    """Decoded in a thread of its own while the video decoder loads, and then while it decodes, the sound goes
+    into the same bytes as when it is decoded first, and the summary says which it was."""
     threads = []
     real_audio = H3AudioDecoder.decode
 
@@ -377,37 +384,52 @@ def test_the_sound_beside_the_load_writes_the_same_file(tmp_path, capsys, monkey
 
     monkeypatch.setattr(H3AudioDecoder, "decode", audio)
     source = clip(tmp_path)
-    code, err = run(capsys, source, tmp_path / f"before{suffix}")
-    assert code == 0 and ", before) in" in err and threads == ["MainThread"], err
-    sound_beside(monkeypatch)
-    code, err = run(capsys, source, tmp_path / f"beside{suffix}")
-    assert code == 0 and ", beside the weights' load) in" in err and threads == ["MainThread", "sound"], err
-    assert "sound: audio latents (2, 32, 15) -> 2 x 12000 samples at 32000 Hz (0.375 s)" in err
-    if suffix == ".safetensors":
-        assert (tmp_path / "beside.safetensors").read_bytes() == (tmp_path / "before.safetensors").read_bytes()
-    else:  # the same samples into the same encoder
-        assert torch.equal(samples_of(tmp_path / "beside.mp4"), samples_of(tmp_path / "before.mp4"))
-    assert not sound_threads()
+    for beside in WHEN:
+        if beside is not None:
+            sound_beside(monkeypatch, decode=beside)
+        threads.clear()
+        code, err = run(capsys, source, tmp_path / f"{beside}{suffix}")
+        assert code == 0 and f", {WHEN[beside]}) in" in err, err
+        assert threads == ["MainThread" if beside is None else "sound"], threads
+        assert "sound: audio latents (2, 32, 15) -> 2 x 12000 samples at 32000 Hz (0.375 s)" in err
+        assert not sound_threads()
+    for beside in (False, True):
+        if suffix == ".safetensors":
+            assert (tmp_path / f"{beside}.safetensors").read_bytes() == (tmp_path / "None.safetensors").read_bytes()
+        else:  # the same samples into the same encoder
+            assert torch.equal(samples_of(tmp_path / f"{beside}.mp4"), samples_of(tmp_path / "None.mp4"))
+
+
+def test_the_sound_beside_the_decode_shows_the_video_bar_alone(tmp_path, capsys, monkeypatch):
+    """Beside the decode the sound draws no bar of its own over the video's; its line comes after the video's
+    bar, once the sound is in the output."""
+    sound_beside(monkeypatch, decode=True)
+    code, err = run(capsys, clip(tmp_path), tmp_path / "out.safetensors")
+    assert code == 0 and "sound:   0%" not in err and "decoding:" in err, err
+    lines = err.splitlines()
+    said = next(i for i, line in enumerate(lines) if line.startswith("sound: audio latents"))
+    assert said > max(i for i, line in enumerate(lines) if "decoding:" in line), err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_a_gpu_the_sound_decodes_beside_the_load(tmp_path, capsys):
-    """On a GPU with room for both, the sound decodes on its own thread and stream beside the video weights'
-    load, to the same samples as the sound alone (decoded by itself), bit for bit."""
+def test_on_a_gpu_the_sound_decodes_beside_the_load_and_the_decode(tmp_path, capsys):
+    """On a GPU with room for all, the sound decodes on its own thread and stream beside the video weights' load
+    and the video's decode, to the same samples as the sound alone (decoded by itself), bit for bit."""
     source = clip(tmp_path)
     capsys.readouterr()
     assert cli.main([str(source), str(tmp_path / "v.safetensors"), "--model", str(TINY), "--device", "cuda"]) == 0
     err = capsys.readouterr().err
-    assert ", beside the weights' load) in" in err, err
+    assert ", beside the weights' load and the decode) in" in err, err  # the tiny model leaves room for all
     assert cli.main([str(source), str(tmp_path / "a.wav"), "--model", str(TINY), "--device", "cuda"]) == 0
     got = load_file(str(tmp_path / "v.safetensors"))["audio"]
     assert torch.equal(got, samples_of(tmp_path / "a.wav"))  # the .wav holds the float samples exactly
 
 
-def test_a_video_vae_that_fails_to_load_beside_the_sound(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_video_vae_that_fails_to_load_beside_the_sound(tmp_path, capsys, monkeypatch, decode):
     """The video weights fail to load while the sound decodes beside them: the video's error line, after the
     sound's thread has ended; nothing written."""
-    sound_beside(monkeypatch)
+    sound_beside(monkeypatch, decode)
     model = tmp_path / "model"
     shutil.copytree(TINY, model)
     weights = model / "video_vae" / "source" / "model.safetensors"
@@ -421,12 +443,13 @@ def test_a_video_vae_that_fails_to_load_beside_the_sound(tmp_path, capsys, monke
     assert out.read_bytes() == OLD and not sound_threads()
 
 
-def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch, decode):
     """Ctrl-C while the video decoder loads and the sound decodes beside it: the sound stops at its next block
     (it does not run on after the command), exit 130, nothing written."""
     from minimax_h3_vae import H3VideoDecoder
 
-    sound_beside(monkeypatch)
+    sound_beside(monkeypatch, decode)
     started, go, blocks = threading.Event(), threading.Event(), []
     real_audio = H3AudioDecoder.decode
 
@@ -452,6 +475,75 @@ def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monke
     assert code == 130 and err.splitlines()[-1] == "interrupted by SIGINT: nothing was written", err
     assert not sound_threads() and blocks == [0], "stopped before its first block"
     assert out.read_bytes() == OLD and tree(tmp_path) == {out.name, "z.safetensors"}
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".mp4"])
+def test_a_stop_during_the_decode_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch, suffix):
+    """Ctrl-C while the video decodes and the sound, beside it, has not reached the output yet (the writer waits
+    for it): the sound stops at its next block, exit 130, nothing written, no thread left."""
+    from minimax_h3_vae import H3VideoDecoder
+
+    sound_beside(monkeypatch, decode=True)
+    started, go, blocks = threading.Event(), threading.Event(), []
+    real_audio = H3AudioDecoder.decode
+
+    def audio(self, z, progress=None):
+        def held(done, total):  # the first block waits until the stop has been taken
+            blocks.append(done)
+            started.set()
+            go.wait(60)
+            progress(done, total)
+
+        return real_audio(self, z, held)
+
+    def video(self, *args, **kwargs):
+        assert started.wait(60)
+        threading.Timer(0.5, go.set).start()
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(H3AudioDecoder, "decode", audio)
+    monkeypatch.setattr(H3VideoDecoder, "decode_stream", video)
+    out = tmp_path / f"out{suffix}"
+    out.write_bytes(OLD)
+    code, err = run(capsys, clip(tmp_path), out)
+    assert code == 130 and err.splitlines()[-1] == "interrupted by SIGINT: nothing was written", err
+    assert not sound_threads() and blocks == [0], "stopped before its first block"
+    assert not [t for t in threading.enumerate() if t.name == "frame-writer"]
+    assert out.read_bytes() == OLD and tree(tmp_path) == {out.name, "z.safetensors"}
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".mp4"])
+def test_a_sink_opened_before_the_sound_is_decoded(tmp_path, suffix):
+    """A sink opened with the sound's format takes the sound at `begin` and then writes what a sink opened with
+    the sound writes; it refuses frames before `begin`, and a sound other than the one announced."""
+    from minimax_h3_vae.command import formats, output
+    from minimax_h3_vae.command.commit import WriteError
+
+    sound = formats.Soundtrack(torch.rand(2, 12000, generator=torch.Generator().manual_seed(2)) * 2 - 1, 32000)
+    frames = torch.randint(0, 256, (3, 32, 48, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    video = formats.VideoFormat(3, 32, 48, 24.0, crf=0)  # RGB frames in, lossless
+    files = {}
+    for name, opened in (("now", sound), ("later", sound.format)):
+        sink = output.open_sink(tmp_path / f"{name}{suffix}", video, opened)
+        if name == "later":
+            with pytest.raises(ValueError, match="once `begin` has handed it the sound"):
+                sink.write(frames)
+            sink.begin(sound)
+        sink.write(frames)
+        sink.commit()
+        files[name] = tmp_path / f"{name}{suffix}"
+    if suffix == ".safetensors":
+        assert files["later"].read_bytes() == files["now"].read_bytes()
+    else:
+        assert torch.equal(samples_of(files["later"]), samples_of(files["now"]))
+    other = formats.Soundtrack(sound.samples[:, :-1], 32000)
+    for given in (other, None):
+        sink = output.open_sink(tmp_path / f"wrong{suffix}", video, sound.format)
+        with pytest.raises(WriteError, match="the decoded sound has .*, the output was opened for 2 x 12000 samples"):
+            sink.begin(given)
+        sink.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in files.values())
 
 
 def test_ffmpeg_failing_on_the_audio_input_keeps_the_old_output(tmp_path, capsys, monkeypatch):

@@ -140,7 +140,7 @@ def check_encoder(
         what = f"{sound.sample_rate} Hz sound of {sound.channels} channels"
     else:
         files = (sound_file(silence, output.parent),) if silence is not None else ()
-        command = [*encoder_command(width, height, fps, crf, preset, silence, files), "-frames:v", "1"]
+        command = [*encoder_command(width, height, fps, crf, preset, sound, files), "-frames:v", "1"]
         data = bytes(width * height * 3 if crf == 0 else yuv420p_bytes(height, width))
         what = f"{width}x{height} frames" + (f" and {sound.sample_rate} Hz sound" if sound is not None else "")
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .formats import WITHOUT_FFMPEG, Soundtrack, tensor_bytes
+from .formats import WITHOUT_FFMPEG, SoundFormat, Soundtrack, tensor_bytes
 
 # How to get ffmpeg: the package is installed from a checkout (it is not on the package index).
 VIDEO_INSTALL = 'pip install imageio-ffmpeg, or in the checkout pip install -e ".[video]"'
@@ -55,7 +55,7 @@ def encoder_command(
     fps: float,
     crf: int,
     preset: str,
-    sound: Soundtrack | None = None,
+    sound: SoundFormat | None = None,
     files: tuple = (),
 ) -> list[str]:
     """ffmpeg reading raw frames from stdin and encoding H.264 (see mux.Mp4Sink). crf 1-51: BT.709
@@ -69,7 +69,7 @@ def encoder_command(
     if sound is None:
         command += ["-an"]
     else:
-        rate, channels = str(sound.sample_rate), str(sound.samples.shape[0])
+        rate, channels = str(sound.sample_rate), str(sound.channels)
         command += [*SOUND_INPUT, "-ar", rate, "-ac", channels, "-i", f"pipe:{files[0].fileno()}"]
         command += ["-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", "-b:a", AAC_BITRATE]
     command += ["-vcodec", codec, "-pix_fmt", pix_fmt, *tags, "-v", "error", "-crf", str(crf)]

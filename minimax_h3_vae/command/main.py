@@ -76,6 +76,8 @@ def run(
         agree(error, ranks)
         decode(args, prepared, rank, ranks, watchdog)
     except BaseException:
+        if prepared is not None and prepared.sound_pending is not None:
+            prepared.sound_pending.cancel()
         if prepared is not None and prepared.sink is not None:
             prepared.sink.discard()
         raise
@@ -136,7 +138,8 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
-    writer = BackgroundWriter(sink)
+    pending = prepared.sound_pending  # the sound still decoding: the writer hands it to the sink once it is done
+    writer = BackgroundWriter(sink, before=(lambda: sink.begin(pending.result().sound)) if pending else None)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -160,6 +163,10 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         error = None
         try:
             writer.close()
+            if pending is not None:  # decoded, and in the sink: the writer began with it
+                decoded = pending.result()
+                prepared.sound, prepared.sound_seconds = decoded.sound, decoded.seconds
+                say(decoded.line)
             phases.lap("encode tail")  # the frames queued behind the decode, and the encoder's finish
             with watchdog.committing() if watchdog is not None else contextlib.nullcontext():
                 sink.commit()
@@ -171,6 +178,8 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
         if bar is not None:
             bar.close()
         sink.discard()  # first: it stops ffmpeg, so a writer blocked on ffmpeg's pipe returns
+        if pending is not None:  # and a writer waiting for the sound
+            pending.cancel()
         writer.cancel()
         sink.discard()
         raise
@@ -180,9 +189,9 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
-    when = "beside the weights' load" if prepared.sound_beside else "before"
     sound = (
-        f" with {prepared.sound.format.seconds:.3f} s of sound (decoded in {prepared.sound_seconds:.1f} s, {when})"
+        f" with {prepared.sound.format.seconds:.3f} s of sound (decoded in {prepared.sound_seconds:.1f} s, "
+        f"{prepared.sound_when})"
         if prepared.sound is not None
         else ""
     )

@@ -16,13 +16,14 @@ from . import readback
 from .colour import to_yuv420p_frames, yuv420p_bytes
 from .commit import WriteError
 from .encoder import AAC_FRAME, VIDEO_INSTALL, encoder_command, sound_file
-from .formats import Soundtrack, VideoFormat
+from .formats import SoundFormat, Soundtrack, VideoFormat
 from .sinks import Sink
 
 
 class Mp4Sink(Sink):
     """H.264 in mp4, frames piped to ffmpeg; with `sound`, an AAC track beside it, from the same ffmpeg
-    process (the samples are its second input, a file written before it starts: encoder.sound_file). ffmpeg
+    process, started at `begin` (the samples are its second input, a file written before it starts:
+    encoder.sound_file). ffmpeg
     runs in its own session, so a Ctrl-C in the terminal reaches this process alone and the cleanup decides
     what happens to ffmpeg. Its exit status is checked, and the frame count and the sound's length read back
     from the finished file, before it may replace OUT.
@@ -33,27 +34,37 @@ class Mp4Sink(Sink):
     back are exactly the decoded ones; many players cannot play it). The sound is AAC either way.
     """
 
-    def __init__(self, output: Path, video: VideoFormat, sound: Soundtrack | None = None):
-        self.process = self.log = None
-        self.sound, self.sound_file = sound, None
-        frames, height, width, fps, crf, preset = dataclasses.astuple(video)
-        super().__init__(output, frames, height, width)
-        self.planar = crf != 0
+    def __init__(self, output: Path, video: VideoFormat, sound: Soundtrack | SoundFormat | None = None):
+        self.process = self.log = self.sound_file = None
+        super().__init__(output, video.frames, video.height, video.width, sound)
+        self.video = video
+        self.planar = video.crf != 0
         if self.planar:
-            self.frame_shape = (yuv420p_bytes(height, width),)
+            self.frame_shape = (yuv420p_bytes(video.height, video.width),)
         try:
             self.log = _message_file(output.parent)
-            if sound is not None:
-                self.sound_file = sound_file(sound, output.parent)
         except OSError as error:
             self.discard()
-            what = "ffmpeg's messages" if self.log is None else "the sound ffmpeg reads"
-            raise WriteError(f"{shown(output.parent)}: cannot create a file for {what} ({error.strerror})") from None
+            raise WriteError(
+                f"{shown(output.parent)}: cannot create a file for ffmpeg's messages ({error.strerror})"
+            ) from None
+        self.opened(sound)
+
+    def start(self, sound: Soundtrack | None) -> None:
+        """Start ffmpeg, with the sound's samples in the file it reads as its second input."""
+        if sound is not None:
+            try:
+                self.sound_file = sound_file(sound, self.output.parent)
+            except OSError as error:
+                raise WriteError(
+                    f"{shown(self.output.parent)}: cannot create a file for the sound ffmpeg reads ({error.strerror})"
+                ) from None
         files = (self.sound_file,) if self.sound_file is not None else ()
-        command = [*encoder_command(width, height, fps, crf, preset, sound, files), "-movflags", "+faststart"]
+        _, height, width, fps, crf, preset = dataclasses.astuple(self.video)
+        command = encoder_command(width, height, fps, crf, preset, self.sound_format, files)
         try:
             self.process = subprocess.Popen(
-                [*command, str(self.temp)],
+                [*command, "-movflags", "+faststart", str(self.temp)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=self.log,
@@ -62,7 +73,6 @@ class Mp4Sink(Sink):
             )
         except OSError as error:
             self.process = None
-            self.discard()
             raise WriteError(f"cannot start ffmpeg ({error.strerror}); reinstall it: {VIDEO_INSTALL}") from None
 
     def convert(self, video: torch.Tensor) -> torch.Tensor:
@@ -85,18 +95,16 @@ class Mp4Sink(Sink):
         frames = readback.count_mp4_frames(self.temp)
         if frames != self.frames:
             raise WriteError(f"{shown(self.output)}: the encoded file reads back {frames} of {self.frames} frames")
-        if self.sound is not None:
-            self._check_sound(self.sound)
+        if self.sound_format is not None:
+            self._check_sound(self.sound_format)
 
-    def _check_sound(self, sound: Soundtrack) -> None:
+    def _check_sound(self, sound: SoundFormat) -> None:
         """WriteError unless the finished file's audio stream covers the sound's samples, within one AAC frame
         (an encoder may pad its last frame; ffmpeg's trims it exactly)."""
         samples = readback.count_audio_samples(self.temp)
-        if samples is None or abs(samples - sound.samples.shape[1]) >= AAC_FRAME:
+        if samples is None or abs(samples - sound.samples) >= AAC_FRAME:
             got = "no audio stream" if samples is None else f"{samples} samples"
-            raise WriteError(
-                f"{shown(self.output)}: the encoded file reads back {got} of {sound.samples.shape[1]} per channel"
-            )
+            raise WriteError(f"{shown(self.output)}: the encoded file reads back {got} of {sound.samples} per channel")
 
     def _messages(self) -> str:
         self.log.seek(0)

@@ -13,7 +13,7 @@ from . import checks, formats, output
 from .commit import OutputFile
 from .flags import check_arguments, decode_options
 from .report import InputError, say
-from .sound import SoundBeside, check_sound, decode_sound
+from .sound import Decoded, SoundBeside, check_sound, decode_sound
 from .timing import Phases
 
 
@@ -29,7 +29,12 @@ class Prepared:
     sound: formats.Soundtrack | None = None  # rank 0's decoded sound, already in the sink
     phases: Phases = field(default_factory=Phases)  # the run's wall clock so far, by phase (--verbose)
     sound_seconds: float = 0.0  # the sound's decode, its load included
-    sound_beside: bool = False  # decoded beside the video weights' load, not before it
+    sound_when: str = "before"  # before the video weights' load, or beside it (and the decode): SOUND_WHEN
+    sound_pending: SoundBeside | None = None  # still decoding beside the video: the sink waits for it (`begin`)
+
+
+# When the sound was decoded, as the run's summary says it.
+SOUND_WHEN = ("before", "beside the weights' load", "beside the weights' load and the decode")
 
 
 def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases: Phases | None = None) -> Prepared:
@@ -40,7 +45,9 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     IN's header. From the checkpoints' headers alone: OUT is none of their files, the latent channels, the
     frame rate, the audio's duration against the video's, free disk space, and the memory plan of the resolved
     run settings. Only then are the latents and the weights read, and on rank 0 the sound decoded: beside the
-    video decoder's load where the GPU has room for both (`memory.fits_beside`), else before it.
+    video decoder's load where the GPU has room for both, and then beside the video's decode too where it has
+    room for the decode's whole working set and the sound's (`memory.fits_beside`); else before the load. A
+    sound still decoding is handed to the run as `sound_pending`, with a sink that waits for it.
     """
     from ..checkpoints import CheckpointError, load_checkpoint
     from ..decoding import H3VideoDecoder
@@ -132,8 +139,10 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
     phases.lap("read")
     beside, decoded, failure = None, None, None
     if audio is not None:
-        if fits_beside(needs, audio.device_bytes, options.device, runtime.max_gpu_memory):
-            beside = SoundBeside(args, options, source, audio.checkpoint)
+        cap = runtime.max_gpu_memory
+        if fits_beside(needs, audio.device_bytes, options.device, cap):
+            through = fits_beside(needs, audio.device_bytes, options.device, cap, decode=True)
+            beside = SoundBeside(args, options, source, audio.checkpoint, beside_decode=through)
         else:
             decoded = decode_sound(args, options, source, audio.checkpoint)
             phases.lap("sound")
@@ -143,22 +152,28 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
         except (CheckpointError, ValueError) as error:
             failure = InputError(str(error))
         phases.lap("read")
-        if beside is not None:
+        if beside is not None and (failure is not None or not beside.beside_decode):
             decoded = beside.result()  # its failure first, as if it had been decoded before the load
             phases.lap("sound")  # what the sound took beyond the load
+        if failure is not None:
+            raise failure
+        pending = beside if beside is not None and decoded is None else None
+        sink = None
+        if rank == 0:
+            video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
+            sink = output.open_sink(args.output, video, sound_format if pending is not None else decoded_sound(decoded))
     except BaseException:
         if beside is not None:
             beside.cancel()
         raise
-    if failure is not None:
-        raise failure
-    sound = decoded.sound if decoded is not None else None
-    sink = None
-    if rank == 0:
-        video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
-        sink = output.open_sink(args.output, video, sound)
+    when = SOUND_WHEN[0 if beside is None else 2 if pending is not None else 1]
     seconds = decoded.seconds if decoded is not None else 0.0
-    return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases, seconds, beside is not None)
+    sound = decoded_sound(decoded)
+    return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases, seconds, when, pending)
+
+
+def decoded_sound(decoded: Decoded | None) -> formats.Soundtrack | None:
+    return None if decoded is None else decoded.sound
 
 
 def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, phases: Phases) -> Prepared:

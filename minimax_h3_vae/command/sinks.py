@@ -1,6 +1,7 @@
 """Every writer of OUT except the mp4's (mux.py): `Sink`, the base of every writer that takes the frames as they
 are decoded; `SafetensorsSink`, the frames and the sound in a .safetensors file; `WavSink` and `FlacSink`, the
-sound alone. The sound is decoded before the first frame, so each is given it whole when it opens."""
+sound alone. A writer of frames is given the sound whole before the first frame: when it opens, or, where the sound
+is still being decoded beside the video (command/sound.py), by `Sink.begin` once it is."""
 
 from __future__ import annotations
 
@@ -16,19 +17,51 @@ from ..text import shown
 from . import readback
 from .commit import OutputFile, WriteError
 from .encoder import flac_command, flac_samples
-from .formats import Soundtrack, raw_bytes, tensor_bytes
+from .formats import SoundFormat, Soundtrack, raw_bytes, tensor_bytes
 
 
 class Sink(OutputFile):
     """An OutputFile that receives `frames` frames of height x width, as uint8 tensors (f, *frame_shape): RGB
-    (f, H, W, 3) unless a subclass takes another format (see `convert`). Each kind defines `write_bytes`, which
-    writes the bytes of frames `write` has checked."""
+    (f, H, W, 3) unless a subclass takes another format (see `convert`), and the clip's sound: a `Soundtrack`
+    (or None for no sound) when it opens, or a `SoundFormat` that announces a sound still being decoded, handed
+    over by `begin` before the first frame. Each kind defines `start`, which writes what goes before the frames
+    (the sound), and `write_bytes`, which writes the bytes of frames `write` has checked."""
 
-    def __init__(self, output: Path, frames: int, height: int, width: int):
+    def __init__(
+        self, output: Path, frames: int, height: int, width: int, sound: Soundtrack | SoundFormat | None = None
+    ):
         self.frames, self.height, self.width = frames, height, width
         self.frame_shape = (height, width, 3)
         self.written = 0
+        self.sound_format: SoundFormat | None = sound.format if isinstance(sound, Soundtrack) else sound
+        self.begun = False
         super().__init__(output)
+
+    def opened(self, sound: Soundtrack | SoundFormat | None) -> None:
+        """The end of a kind's __init__: `begin` at once with a decoded sound (or None); with a SoundFormat the
+        sink waits for `begin`. A sink that fails to begin here removes its temporary file."""
+        if isinstance(sound, SoundFormat):
+            return
+        try:
+            self.begin(sound)
+        except WriteError:
+            self.discard()
+            raise
+
+    def begin(self, sound: Soundtrack | None) -> None:
+        """Hand over the decoded sound (None for a clip without one) before the first frame. WriteError if it is
+        not the sound announced when the sink opened, or if writing it fails."""
+        got = None if sound is None else sound.format
+        if got != self.sound_format:
+            raise WriteError(
+                f"{shown(self.output)}: the decoded sound has {_samples(got)}, the output was opened for "
+                f"{_samples(self.sound_format)}"
+            )
+        self.start(sound)
+        self.begun = True
+
+    def start(self, sound: Soundtrack | None) -> None:
+        raise NotImplementedError
 
     def convert(self, video: torch.Tensor) -> torch.Tensor:
         """Decoder output of one chunk, (1, 3, f, H, W) or (3, f, H, W), ImageNet-normalised, on any device
@@ -38,6 +71,8 @@ class Sink(OutputFile):
 
     def write(self, frames: torch.Tensor) -> None:
         """frames: uint8 (f, *frame_shape) on the CPU, as `convert` makes them."""
+        if not self.begun:
+            raise ValueError("the sink takes frames once `begin` has handed it the sound")
         if frames.dtype != torch.uint8 or tuple(frames.shape[1:]) != self.frame_shape:
             expected = ", ".join(str(size) for size in ("f", *self.frame_shape))
             raise ValueError(f"frames must be uint8 ({expected}), got {frames.dtype} {tuple(frames.shape)}")
@@ -59,11 +94,15 @@ class Sink(OutputFile):
         raise NotImplementedError
 
 
+def _samples(sound: SoundFormat | None) -> str:
+    return "no sound" if sound is None else f"{sound.channels} x {sound.samples} samples at {sound.sample_rate} Hz"
+
+
 class SafetensorsSink(Sink):
     """`{"video": uint8 (F, H, W, 3)}` in the safetensors format, with `sound` also `"audio"`: float32 (C, S)
     and `audio_sample_rate` in the metadata; byte for byte what `save_file` writes: the header is known from
-    the frame count, so the sound goes first and the frames go to disk as they arrive (host memory flat in
-    the clip's length).
+    the frame count and the sound's format, so it is written when the sink opens, the sound goes first (at
+    `begin`) and the frames go to disk as they arrive (host memory flat in the clip's length).
 
     Each chunk is synced to disk as it is written (in the writer thread, beside the decode), so the fsync
     before the rename has almost nothing left to do. The temporary file is opened without truncating it:
@@ -71,15 +110,17 @@ class SafetensorsSink(Sink):
     disk at the end of the run.
     """
 
-    def __init__(self, output: Path, frames: int, height: int, width: int, sound: Soundtrack | None = None):
-        super().__init__(output, frames, height, width)
-        size = raw_bytes(frames, height, width)
+    def __init__(
+        self, output: Path, frames: int, height: int, width: int, sound: Soundtrack | SoundFormat | None = None
+    ):
+        super().__init__(output, frames, height, width, sound)
+        size, announced = raw_bytes(frames, height, width), self.sound_format
         # save_file's layout: the metadata first, then the tensors by dtype, widest first (audio before video).
         entries, start, self.shapes = {}, 0, {"video": [frames, height, width, 3]}
-        if sound is not None:
-            self.shapes["audio"] = list(sound.samples.shape)
-            start = sound.samples.numel() * 4
-            entries["__metadata__"] = {"audio_sample_rate": str(sound.sample_rate)}
+        if announced is not None:
+            self.shapes["audio"] = [announced.channels, announced.samples]
+            start = announced.channels * announced.samples * 4
+            entries["__metadata__"] = {"audio_sample_rate": str(announced.sample_rate)}
             entries["audio"] = {"dtype": "F32", "shape": self.shapes["audio"], "data_offsets": [0, start]}
         entries["video"] = {"dtype": "U8", "shape": self.shapes["video"], "data_offsets": [start, start + size]}
         header = json.dumps(entries, separators=(",", ":")).encode()
@@ -89,12 +130,18 @@ class SafetensorsSink(Sink):
         try:
             self.handle = open(self.temp, "r+b")  # created empty by Sink; see above for why not "wb"
             self.handle.write(len(header).to_bytes(8, "little") + header)
-            if sound is not None:
-                samples = sound.samples.contiguous().view(torch.uint8).flatten()
-                self.write_bytes(tensor_bytes(samples))
         except OSError as error:
             self.discard()
             raise WriteError(self.failure(error)) from None
+        self.opened(sound)
+
+    def start(self, sound: Soundtrack | None) -> None:
+        if sound is not None:
+            samples = sound.samples.contiguous().view(torch.uint8).flatten()  # alive while its bytes are written
+            try:
+                self.write_bytes(tensor_bytes(samples))
+            except OSError as error:
+                raise WriteError(self.failure(error)) from None
 
     def write_bytes(self, data: memoryview) -> None:
         self.handle.write(data)

@@ -1,5 +1,6 @@
 """The sound of a run: its audio VAE located and checked from headers (`check_sound`), then its latents
-decoded on rank 0 (`decode_sound`), before the video decoder is loaded or beside its load (`SoundBeside`)."""
+decoded on rank 0 (`decode_sound`), before the video decoder is loaded, or beside its load and, where the GPU
+has room for both, beside the video's decode too (`SoundBeside`)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ class SoundPlan:
 
 @dataclass(frozen=True)
 class Decoded:
-    """The decoded sound, on the host, and the seconds its decode took (its load included)."""
+    """The decoded sound, on the host, the seconds its decode took (its load included), and the line that says
+    so (`sound: audio latents ... in 1.3 s`)."""
 
     sound: formats.Soundtrack
     seconds: float
+    line: str
 
 
 class Cancelled(Exception):
@@ -124,12 +127,20 @@ def check_sound(args: argparse.Namespace, options, source, video: tuple[int, flo
     return SoundPlan(checkpoint, sound_format, device_bytes)
 
 
-def decode_sound(args: argparse.Namespace, options, source, checkpoint, cancelled=None) -> Decoded:
+def decode_sound(
+    args: argparse.Namespace, options, source, checkpoint, cancelled=None, beside_decode: bool = False
+) -> Decoded:
     """Rank 0: IN's audio latents read and checked, the audio decoder built on this run's device (float32; the
     fused activation unless --eager), the sound decoded and brought to the host, the decoder dropped (its
     cached GPU memory released: the video decoder's automatic tile batch reads the free memory), a `sound`
-    progress bar over its AMP blocks meanwhile. InputError for unreadable latents or weights, WriteError for
-    NaN in the sound; `Cancelled` between blocks once `cancelled` (a threading.Event) is set."""
+    progress bar over its AMP blocks meanwhile and its line said at the end. InputError for unreadable latents
+    or weights, WriteError for NaN in the sound; `Cancelled` between blocks once `cancelled` (a
+    threading.Event) is set.
+
+    `beside_decode`: the video decodes meanwhile. Its progress bar is the one shown, so the sound shows none and
+    leaves its line to the caller (`Decoded.line`); its cached memory stays cached, because emptying the cache
+    waits for the device to finish all its work, the video's too (the memory plan counted the sound's bytes
+    beside the decode's: `memory.fits_beside`)."""
     import torch
 
     from ..audio.decoder import H3AudioDecoder
@@ -148,6 +159,8 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint, cancelle
         nonlocal bar
         if cancelled is not None and cancelled.is_set():
             raise Cancelled
+        if beside_decode:
+            return
         if bar is None:  # the first report comes before the first block: the bar shows from the start
             bar = progress_bar(total, "sound", "block")
         bar.update(done - bar.n)
@@ -164,24 +177,28 @@ def decode_sound(args: argparse.Namespace, options, source, checkpoint, cancelle
         )
     sound = formats.Soundtrack(samples.cpu(), decoder.sample_rate)
     del decoder, samples
-    if options.device.type == "cuda":
+    if options.device.type == "cuda" and not beside_decode:
         torch.cuda.empty_cache()
     seconds = time.perf_counter() - start
     channels, length = sound.samples.shape
-    say(
+    line = (
         f"sound: audio latents {tuple(audio_latents.shape)} -> {channels} x {length} samples at {sound.sample_rate} "
         f"Hz ({length / sound.sample_rate:.3f} s) in {seconds:.1f} s"
     )
-    return Decoded(sound, seconds)
+    if not beside_decode:
+        say(line)
+    return Decoded(sound, seconds, line)
 
 
 class SoundBeside:
-    """`decode_sound` in a thread of its own, on its own CUDA stream, while the caller loads the video decoder:
-    the audio decoder's load and its one-time set-up overlap the video weights' (the run decides when there is
-    room for both: `memory.fits_beside`). `result()` waits for it and returns its `Decoded` or raises its error;
+    """`decode_sound` in a thread of its own, on its own CUDA stream, while the caller loads the video decoder
+    and, with `beside_decode`, while it decodes the video too: the audio decoder's load and its one-time set-up
+    overlap the video weights' load, and what is left of them the video's first tiles (the run decides when there
+    is room: `memory.fits_beside`). `result()` waits for it and returns its `Decoded` or raises its error;
     `cancel()` stops it at its next block and waits (for a run that failed or was stopped meanwhile)."""
 
-    def __init__(self, args: argparse.Namespace, options, source, checkpoint):
+    def __init__(self, args: argparse.Namespace, options, source, checkpoint, beside_decode: bool = False):
+        self.beside_decode = beside_decode
         self._cancelled = threading.Event()
         self._outcome: Decoded | BaseException | None = None
         self._thread = threading.Thread(
@@ -198,7 +215,7 @@ class SoundBeside:
                 if device.type == "cuda":  # a thread starts on device 0 and its default stream
                     on_device.enter_context(torch.cuda.device(device))
                     on_device.enter_context(torch.cuda.stream(torch.cuda.Stream(device)))
-                self._outcome = decode_sound(args, options, source, checkpoint, self._cancelled)
+                self._outcome = decode_sound(args, options, source, checkpoint, self._cancelled, self.beside_decode)
         except BaseException as error:  # handed to the caller's thread by `result`
             self._outcome = error
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -24,10 +25,13 @@ class BackgroundWriter:
     host runs at most one chunk ahead of the GPU. At most `depth` chunks wait for the thread, which bounds
     host memory (`depth` + 2 pinned buffers). An error in the writer is raised in the caller at its next
     `put` or at `close`.
+
+    `before`, if given, runs in the thread before the first chunk is written, while the decode goes on (the
+    command hands the sink a sound still being decoded there: `Sink.begin`); its error is handed over likewise.
     """
 
-    def __init__(self, sink: Sink, depth: int = 2):
-        self.sink = sink
+    def __init__(self, sink: Sink, depth: int = 2, before: Callable[[], None] | None = None):
+        self.sink, self.before = sink, before
         self.queue = queue.Queue(maxsize=depth)
         self.idle = queue.Queue()  # pinned buffers the thread has written out
         self.buffers, self.most_buffers, self.largest = 0, depth + 2, 0
@@ -39,6 +43,11 @@ class BackgroundWriter:
         self.thread.start()
 
     def _run(self) -> None:
+        if self.before is not None:
+            try:
+                self.before()
+            except BaseException as error:  # as a write's error, below
+                self.error = error
         while (item := self.queue.get()) is not None:
             frames, copied, buffer, finite = item
             if self.error is None and not self.cancelled:
