@@ -113,7 +113,7 @@ def test_ffmpeg_failure_keeps_the_old_output(capsys, tmp_path, monkeypatch):
 
 
 def test_mp4_whose_frames_do_not_read_back_is_not_committed(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(readback, "count_mp4_frames", lambda path: 4)
+    monkeypatch.setattr(readback, "read_back", lambda path: (4, None))
     out = tmp_path / "v.mp4"
     out.write_bytes(OLD)
     code, err = run_cli(capsys, latents_file(tmp_path / "z.safetensors"), out)

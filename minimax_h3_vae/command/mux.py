@@ -92,17 +92,13 @@ class Mp4Sink(Sink):
             pass
         if self.process.wait() != 0:
             raise WriteError(self._messages())
-        frames = readback.count_mp4_frames(self.temp)
+        frames, samples = readback.read_back(self.temp)
         if frames != self.frames:
             raise WriteError(f"{shown(self.output)}: the encoded file reads back {frames} of {self.frames} frames")
-        if self.sound_format is not None:
-            self._check_sound(self.sound_format)
-
-    def _check_sound(self, sound: SoundFormat) -> None:
-        """WriteError unless the finished file's audio stream covers the sound's samples, within one AAC frame
-        (an encoder may pad its last frame; ffmpeg's trims it exactly)."""
-        samples = readback.count_audio_samples(self.temp)
-        if samples is None or abs(samples - sound.samples) >= AAC_FRAME:
+        sound = self.sound_format
+        # The audio stream covers the sound's samples within one AAC frame (an encoder may pad its last frame;
+        # ffmpeg's trims it exactly).
+        if sound is not None and (samples is None or abs(samples - sound.samples) >= AAC_FRAME):
             got = "no audio stream" if samples is None else f"{samples} samples"
             raise WriteError(f"{shown(self.output)}: the encoded file reads back {got} of {sound.samples} per channel")
 

@@ -1,5 +1,5 @@
-"""A finished file read back by ffmpeg, to verify it before it may replace OUT: its video frames and the
-samples its sound covers, counted from the packets (a stream copy, nothing decoded)."""
+"""A finished file read back by ffmpeg, to verify it before it may replace OUT: its video frames and the samples
+its sound covers, counted from the packets in one pass (a stream copy, nothing decoded)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from pathlib import Path
 from .encoder import ffmpeg_exe
 
 
-def _packets(path: Path, stream: str) -> list[bytes] | None:
-    """ffmpeg's framecrc of one stream of a finished file, by stream copy (no decode): its header lines (`#`)
-    and one line per packet, whatever ffmpeg prints as progress; None if it cannot be read."""
+def _packets(path: Path) -> list[bytes] | None:
+    """ffmpeg's framecrc of a finished file's first video and first audio stream (each if it has one), by stream
+    copy (no decode): its header lines (`#`) and one line per packet, whatever ffmpeg prints as progress; None if
+    it cannot be read."""
+    maps = ["-map", "0:v:0?", "-map", "0:a:0?"]
     result = subprocess.run(
-        [ffmpeg_exe(), "-nostdin", "-v", "error", "-i", str(path), "-map", stream, "-c", "copy", "-f", "framecrc", "-"],
+        [ffmpeg_exe(), "-nostdin", "-v", "error", "-i", str(path), *maps, "-c", "copy", "-f", "framecrc", "-"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -24,21 +26,25 @@ def _packets(path: Path, stream: str) -> list[bytes] | None:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
-def count_mp4_frames(path: Path) -> int | None:
-    """Video frames of a finished mp4, counted from its packets; None if it cannot be read."""
-    lines = _packets(path, "0:v:0")
-    return None if lines is None else sum(1 for line in lines if not line.startswith(b"#"))
-
-
-def count_audio_samples(path: Path) -> int | None:
-    """Samples per channel that the first audio stream of a finished file covers: the end of its last packet
-    (pts + duration, in the stream's time base, which is 1 / its sample rate in mp4 and FLAC) counted from 0,
-    the start of the sound (the encoder's priming packets sit before it); None without an audio stream."""
-    lines = _packets(path, "0:a:0?") or []
+def read_back(path: Path) -> tuple[int | None, int | None]:
+    """(video frames, samples per channel of the sound) of a finished file, each None where the file has no such
+    stream or cannot be read. The frames are counted from the video packets; the samples are the end of the
+    last audio packet (pts + duration, in the stream's time base, which is 1 / its sample rate in mp4 and FLAC)
+    counted from 0, the start of the sound (the encoder's priming packets sit before it)."""
+    lines = _packets(path) or []
+    headers = [line[1:].split(b":", 1) for line in lines if line.startswith(b"#") and b":" in line]
+    fields = {}  # (name, stream index) -> value, e.g. (b"media_type", b"1") -> b"audio"
+    for key, value in headers:
+        name, _, index = key.partition(b" ")
+        fields[name, index] = value.strip()
+    streams = {fields[key]: key[1] for key in fields if key[0] == b"media_type"}
     packets = [line.split(b",") for line in lines if not line.startswith(b"#")]
-    base = [line.split(b":")[1] for line in lines if line.startswith(b"#tb 0:")]
-    rate = [line.split(b":")[1] for line in lines if line.startswith(b"#sample_rate 0:")]
-    if not packets or not base or not rate:
-        return None
-    end = (int(packets[-1][2]) + int(packets[-1][3])) * Fraction(base[0].strip().decode())  # seconds
-    return round(end * int(rate[0]))
+    frames = samples = None
+    if b"video" in streams:
+        frames = sum(1 for packet in packets if packet[0].strip() == streams[b"video"])
+    audio = streams.get(b"audio")
+    ours = [packet for packet in packets if packet[0].strip() == audio]
+    if ours and (b"tb", audio) in fields and (b"sample_rate", audio) in fields:
+        end = (int(ours[-1][2]) + int(ours[-1][3])) * Fraction(fields[b"tb", audio].decode())  # seconds
+        samples = round(end * int(fields[b"sample_rate", audio]))
+    return frames, samples

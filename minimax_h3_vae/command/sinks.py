@@ -238,7 +238,7 @@ class FlacSink(OutputFile):
         )
         if result.returncode:
             raise WriteError(self.ffmpeg_failure(result.returncode, result.stderr))
-        samples = readback.count_audio_samples(self.temp)
+        samples = readback.read_back(self.temp)[1]
         if samples != self.sound.samples.shape[1]:
             raise WriteError(
                 f"{shown(self.output)}: the encoded file reads back {samples} of {self.sound.samples.shape[1]} "
