@@ -6,9 +6,9 @@
 
 IN holds the latents under the key `latents` (or as its only tensor), shaped (24, T, h, w) or
 (1, 24, T, h, w). They are the pipeline's normalised latents unless --raw-latents is given. Audio latents
-under `audio_latents`, (2, 32, N) as the pipeline makes them, are decoded first (on rank 0 alone under torchrun)
-and go into OUT beside the video. Frames are written as they are decoded; the output file appears only once it
-is complete and verified.
+under `audio_latents`, (2, 32, N) as the pipeline makes them, are decoded on rank 0 alone under torchrun (before
+the video, or beside its load and decode where the GPU has room) and go into OUT beside the video. Frames are
+written as they are decoded; the output file appears only once it is complete and verified.
 
 Exit codes: 0 written; 1 failed while decoding or writing; 2 bad input (one `error:` line, checked before
 the model is loaded where possible); 130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (128 + the number of

@@ -2,6 +2,7 @@
 temporary file beside OUT as it arrives, and OUT is replaced only once that file is complete and verified;
 a failure, a signal or a full disk leaves OUT as it was and nothing beside it.
 
+    sink.begin(sound)         the sound, where the sink was opened with its format only (before the first frame)
     sink.convert(video)       a chunk of decoder output -> the frames the sink takes, on the chunk's device
                               (uint8 RGB (f, H, W, 3); for an mp4 of crf > 0, BT.709 yuv420p planes)
     sink.write(frames)        those frames, on the CPU, in order (writer.py's thread calls it)
@@ -10,8 +11,8 @@ a failure, a signal or a full disk leaves OUT as it was and nothing beside it.
     sink.discard()            stop the writer, remove the temporary file; OUT is untouched
 
 The writers: mux.py (the mp4: H.264 and AAC from one ffmpeg process) and sinks.py (.safetensors, .wav,
-.flac). The sound is decoded before the first frame, so each is given it whole when it opens. What OUT is checked
-for before any work is in checks.py.
+.flac). Each is given the sound whole before the first frame: when it opens, or by `begin` once a sound still
+decoding beside the video is done (sinks.Sink). What OUT is checked for before any work is in checks.py.
 """
 
 from __future__ import annotations
