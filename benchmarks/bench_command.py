@@ -1,7 +1,7 @@
 """The command's wall clock, process start to exit, with --verbose's breakdown by phase.
 
     PYTHONPATH=. python benchmarks/bench_command.py [--work /tmp/command] [--runs 2] [--outputs mp4 ...]
-        [--flags "--gemm quack --attention fa4"] [--before DIR]
+        [--flags "--gemm quack --attention fa4"] [--before DIR] [--pycache DIR]
 
 A 10.125 s clip with sound at the released sizes: video latents (24, 72, 48, 84) and audio latents (2, 32, 405),
 normalised, random (so the frames are noise: x264's worst case). The video VAE is written once as ComfyUI's fp16
@@ -14,6 +14,11 @@ run's wall clock and phases. JSON to $OUT/command.json when OUT is set.
 alternately with this one in the same session, each output's sha256 printed (a change that should not touch the
 bits shows the same hashes). The command then runs from a folder outside both trees (`python -m` puts its working
 folder first on sys.path).
+
+--pycache DIR: the runs write and reuse their bytecode there (PYTHONPYCACHEPREFIX, PYTHONDONTWRITEBYTECODE unset),
+filled by one import before the first run. pip compiles an install's bytecode; a machine whose Python is told to
+write none, with packages installed without it, compiles torch's sources again in every process (`import torch`
+3.0-4.9 s instead of 1.5-1.7 s on the H200 machine, benchmarks/LOG.md 2026-12-04-bytecode).
 """
 
 from __future__ import annotations
@@ -65,14 +70,30 @@ def inputs(work: Path) -> tuple[Path, Path, Path]:
     return latents, video, audio
 
 
-def command(latents: Path, video: Path, audio: Path, out: Path, flags: list[str], tree: Path | None = None) -> dict:
-    """One run of the command in its own process (the package of `tree` when given): wall clock, exit code, the
-    phases of its `time:` line."""
-    args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose", *flags]
-    env, cwd = None, None
+def environment(pycache: Path | None) -> dict:
+    """The runs' environment: this one, with --pycache's bytecode folder."""
+    env = dict(os.environ)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    return env
+
+
+def with_tree(env, tree: Path | None) -> dict:
+    """`env` with the package of `tree`, when given, first on PYTHONPATH."""
+    env = dict(env)
     if tree is not None:
-        paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env, cwd = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, out.parent
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return env
+
+
+def command(
+    latents: Path, video: Path, audio: Path, out: Path, flags: list[str], tree: Path | None = None, env=None
+) -> dict:
+    """One run of the command in its own process (the package of `tree` when given) in `env`: wall clock, exit
+    code, the phases of its `time:` line."""
+    args = [str(latents), str(out), "--model", str(video), "--audio-model", str(audio), "--verbose", *flags]
+    env, cwd = with_tree(os.environ if env is None else env, tree), None if tree is None else out.parent
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "minimax_h3_vae.command", *args], capture_output=True, text=True, env=env, cwd=cwd
@@ -93,18 +114,25 @@ def main() -> None:
     parser.add_argument("--outputs", nargs="+", default=outputs, choices=outputs)
     parser.add_argument("--flags", default="", help="the command's flags for each run: '--gemm quack --attention fa4'")
     parser.add_argument("--before", type=Path, help="a folder holding another tree's package, run alternately")
+    parser.add_argument("--pycache", type=Path, help="the runs' bytecode folder (PYTHONPYCACHEPREFIX), as pip has it")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     latents, video, audio = inputs(args.work)
     trees = {"": None}
     if args.before is not None:
         trees = {"before ": args.before.resolve(), "after ": Path(__file__).resolve().parents[1]}
+    env = environment(args.pycache)
+    if args.pycache is not None:  # the bytecode of what the command imports, written once
+        warm = "import torch, triton, imageio_ffmpeg, safetensors, tqdm, minimax_h3_vae.command.main"
+        for tree in trees.values():
+            subprocess.run([sys.executable, "-c", warm], env=with_tree(env, tree), check=True)
     results = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "flags": args.flags, "runs": {}}
+    results["pycache"] = args.pycache is not None
     for suffix in args.outputs:
         for attempt in range(1, args.runs + 1):
             for name, tree in trees.items():
                 out = args.work / f"out.{suffix}"
-                row = command(latents, video, audio, out, args.flags.split(), tree)
+                row = command(latents, video, audio, out, args.flags.split(), tree, env)
                 if tree is not None and row["code"] == 0:
                     row["sha256"] = hashlib.sha256(out.read_bytes()).hexdigest()[:16]
                 results["runs"][f"{name}{suffix} {attempt}"] = row
