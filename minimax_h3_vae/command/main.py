@@ -138,6 +138,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     say(f"latents {tuple(z.shape[1:])} -> {frames} frames of {size} at {prepared.fps:g} fps")
 
     start = time.perf_counter()
+    sound, sound_seconds = prepared.sound, prepared.sound_seconds
     pending = prepared.sound_pending  # the sound still decoding: the writer hands it to the sink once it is done
     writer = BackgroundWriter(sink, before=(lambda: sink.begin(pending.result().sound)) if pending else None)
     bar = None
@@ -165,7 +166,7 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
             writer.close()
             if pending is not None:  # decoded, and in the sink: the writer began with it
                 decoded = pending.result()
-                prepared.sound, prepared.sound_seconds = decoded.sound, decoded.seconds
+                sound, sound_seconds = decoded.sound, decoded.seconds
                 say(decoded.line)
             phases.lap("encode tail")  # the frames queued behind the decode, and the encoder's finish
             with watchdog.committing() if watchdog is not None else contextlib.nullcontext():
@@ -189,14 +190,13 @@ def decode(args: argparse.Namespace, prepared: Prepared, rank: int, ranks: int, 
     memory = (
         f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     )
-    sound = (
-        f" with {prepared.sound.format.seconds:.3f} s of sound (decoded in {prepared.sound_seconds:.1f} s, "
-        f"{prepared.sound_when})"
-        if prepared.sound is not None
+    said = (
+        f" with {sound.format.seconds:.3f} s of sound (decoded in {sound_seconds:.1f} s, {prepared.sound_when})"
+        if sound is not None
         else ""
     )
     say(
-        f"wrote {shown(args.output)}: {frames} frames{sound} in {seconds:.1f} s ({frames / seconds:.2f} frames/s; "
+        f"wrote {shown(args.output)}: {frames} frames{said} in {seconds:.1f} s ({frames / seconds:.2f} frames/s; "
         f"first chunk after {first_chunk:.1f} s, one-time kernel set-up included){memory}"
     )
     if args.verbose:

@@ -13,7 +13,7 @@ from . import checks, formats, output
 from .commit import OutputFile
 from .flags import check_arguments, decode_options
 from .report import InputError, say
-from .sound import Decoded, SoundBeside, check_sound, decode_sound
+from .sound import SoundBeside, check_sound, decode_sound
 from .timing import Phases
 
 
@@ -158,22 +158,18 @@ def prepare(args: argparse.Namespace, device, rank: int, ranks: int = 1, phases:
         if failure is not None:
             raise failure
         pending = beside if beside is not None and decoded is None else None
+        sound = decoded.sound if decoded is not None else None
         sink = None
         if rank == 0:
             video = formats.VideoFormat(frames, height, width, fps, args.crf, args.preset)
-            sink = output.open_sink(args.output, video, sound_format if pending is not None else decoded_sound(decoded))
+            sink = output.open_sink(args.output, video, sound_format if pending is not None else sound)
     except BaseException:
         if beside is not None:
             beside.cancel()
         raise
     when = SOUND_WHEN[0 if beside is None else 2 if pending is not None else 1]
     seconds = decoded.seconds if decoded is not None else 0.0
-    sound = decoded_sound(decoded)
     return Prepared(decoder, z, fps, frames, height, width, sink, sound, phases, seconds, when, pending)
-
-
-def decoded_sound(decoded: Decoded | None) -> formats.Soundtrack | None:
-    return None if decoded is None else decoded.sound
 
 
 def prepare_sound_alone(args: argparse.Namespace, options, source, rank: int, phases: Phases) -> Prepared:
