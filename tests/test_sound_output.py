@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -443,18 +444,15 @@ def test_a_video_vae_that_fails_to_load_beside_the_sound(tmp_path, capsys, monke
     assert out.read_bytes() == OLD and not sound_threads()
 
 
-@pytest.mark.parametrize("decode", [False, True])
-def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch, decode):
-    """Ctrl-C while the video decoder loads and the sound decodes beside it: the sound stops at its next block
-    (it does not run on after the command), exit 130, nothing written."""
-    from minimax_h3_vae import H3VideoDecoder
-
-    sound_beside(monkeypatch, decode)
+def hold_the_sound(monkeypatch) -> tuple[list[int], Callable[[], None]]:
+    """Hold the sound's decode at its first block until a stop has been taken: (the blocks it reached, `stop`),
+    where `stop()`, called where the stop is to come from, waits for the sound to be held, lets it go on 0.5 s
+    later and raises KeyboardInterrupt (Ctrl-C)."""
     started, go, blocks = threading.Event(), threading.Event(), []
     real_audio = H3AudioDecoder.decode
 
     def audio(self, z, progress=None):
-        def held(done, total):  # the first block waits until the stop has been taken
+        def held(done, total):
             blocks.append(done)
             started.set()
             go.wait(60)
@@ -462,12 +460,27 @@ def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monke
 
         return real_audio(self, z, held)
 
-    def video(cls, *args, **kwargs):
+    def stop() -> None:
         assert started.wait(60)
         threading.Timer(0.5, go.set).start()
         raise KeyboardInterrupt
 
     monkeypatch.setattr(H3AudioDecoder, "decode", audio)
+    return blocks, stop
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_stop_during_the_load_ends_the_sound_beside_it(tmp_path, capsys, monkeypatch, decode):
+    """Ctrl-C while the video decoder loads and the sound decodes beside it: the sound stops at its next block
+    (it does not run on after the command), exit 130, nothing written."""
+    from minimax_h3_vae import H3VideoDecoder
+
+    sound_beside(monkeypatch, decode)
+    blocks, stop = hold_the_sound(monkeypatch)
+
+    def video(cls, *args, **kwargs):
+        stop()
+
     monkeypatch.setattr(H3VideoDecoder, "from_checkpoint", classmethod(video))
     out = tmp_path / "out.safetensors"
     out.write_bytes(OLD)
@@ -484,25 +497,12 @@ def test_a_stop_during_the_decode_ends_the_sound_beside_it(tmp_path, capsys, mon
     from minimax_h3_vae import H3VideoDecoder
 
     sound_beside(monkeypatch, decode=True)
-    started, go, blocks = threading.Event(), threading.Event(), []
-    real_audio = H3AudioDecoder.decode
-
-    def audio(self, z, progress=None):
-        def held(done, total):  # the first block waits until the stop has been taken
-            blocks.append(done)
-            started.set()
-            go.wait(60)
-            progress(done, total)
-
-        return real_audio(self, z, held)
+    blocks, stop = hold_the_sound(monkeypatch)
 
     def video(self, *args, **kwargs):
-        assert started.wait(60)
-        threading.Timer(0.5, go.set).start()
-        raise KeyboardInterrupt
+        stop()
         yield
 
-    monkeypatch.setattr(H3AudioDecoder, "decode", audio)
     monkeypatch.setattr(H3VideoDecoder, "decode_stream", video)
     out = tmp_path / f"out{suffix}"
     out.write_bytes(OLD)
